@@ -1,0 +1,228 @@
+//! Node agent configuration: a TOML file (or the `config` string the runtime passes to a
+//! pre-installed plugin in `Configure`), overridden by command-line flags.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::gpu::sim::SimConfig;
+use crate::request::ResourceNames;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum GpuBackend {
+    /// GPUs from NVML (the driver's libnvidia-ml.so.1).
+    Nvml,
+    /// Simulated GPUs described by `[sim]`.
+    Sim,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LogConfig {
+    pub format: LogFormat,
+    /// Log file; stderr when unset. A pre-installed plugin's stderr goes nowhere, so set it.
+    pub file: Option<PathBuf>,
+    /// `tracing` filter, e.g. `info` or `gpushare=debug`.
+    pub level: String,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        LogConfig {
+            format: LogFormat::Text,
+            file: None,
+            level: "info".into(),
+        }
+    }
+}
+
+/// Default dev root of simulated GPUs: never `/dev`, so a simulation cannot touch real nodes.
+pub const SIM_DEV_ROOT: &str = "/run/gpushare/sim-dev";
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct NodeConfig {
+    /// Node name (for simulated UUIDs and logs); the host name when empty.
+    pub node_name: String,
+    /// NRI plugin name, `[a-zA-Z0-9_.+-]+`.
+    pub plugin_name: String,
+    /// NRI plugin index, exactly two digits.
+    pub plugin_index: String,
+    /// Runtime's NRI socket (external plugin mode).
+    pub nri_socket: PathBuf,
+    pub gpu_backend: GpuBackend,
+    /// Where the GPU device nodes are; `/dev` for NVML, [`SIM_DEV_ROOT`] for `sim`.
+    pub dev_root: Option<PathBuf>,
+    /// proc filesystem (for `/proc/devices`).
+    pub proc_root: PathBuf,
+    /// Also request NVIDIA's CDI devices.
+    pub cdi: bool,
+    /// Refuse assigned containers that kubelet granted nothing (see `RequestPolicy`).
+    pub require_grant: bool,
+    /// `host:port` of the status endpoint (`/healthz`, `/registry`, `/metrics`); off when unset.
+    pub status_listen: Option<String>,
+    pub log: LogConfig,
+    pub resources: ResourceNames,
+    pub sim: SimConfig,
+}
+
+impl Default for NodeConfig {
+    fn default() -> Self {
+        NodeConfig {
+            node_name: String::new(),
+            plugin_name: "gpushare".into(),
+            plugin_index: "10".into(),
+            nri_socket: PathBuf::from("/var/run/nri/nri.sock"),
+            gpu_backend: GpuBackend::Nvml,
+            dev_root: None,
+            proc_root: PathBuf::from("/proc"),
+            cdi: false,
+            require_grant: true,
+            status_listen: None,
+            log: LogConfig::default(),
+            resources: ResourceNames::default(),
+            sim: SimConfig::default(),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("invalid config{origin}: {reason}")]
+    Parse { origin: String, reason: String },
+    #[error("plugin_name {0:?} must match [a-zA-Z0-9_.+-]+")]
+    PluginName(String),
+    #[error("plugin_index {0:?} must be exactly two digits")]
+    PluginIndex(String),
+    #[error("dev_root {0:?} cannot be /dev with gpu_backend sim (it would create device nodes on the host)")]
+    SimOnHostDev(PathBuf),
+}
+
+impl NodeConfig {
+    pub fn from_toml(text: &str, origin: &str) -> Result<NodeConfig, ConfigError> {
+        let cfg: NodeConfig = toml::from_str(text).map_err(|e| ConfigError::Parse {
+            origin: if origin.is_empty() {
+                String::new()
+            } else {
+                format!(" {origin}")
+            },
+            reason: e.to_string(),
+        })?;
+        Ok(cfg)
+    }
+
+    pub fn load(path: &Path) -> Result<NodeConfig, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Self::from_toml(&text, &path.display().to_string())
+    }
+
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let name_ok = !self.plugin_name.is_empty()
+            && self
+                .plugin_name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"_.+-".contains(&b));
+        if !name_ok {
+            return Err(ConfigError::PluginName(self.plugin_name.clone()));
+        }
+        if self.plugin_index.len() != 2 || !self.plugin_index.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(ConfigError::PluginIndex(self.plugin_index.clone()));
+        }
+        if self.gpu_backend == GpuBackend::Sim && self.dev_root() == Path::new("/dev") {
+            return Err(ConfigError::SimOnHostDev(self.dev_root()));
+        }
+        Ok(())
+    }
+
+    pub fn dev_root(&self) -> PathBuf {
+        match (&self.dev_root, self.gpu_backend) {
+            (Some(p), _) => p.clone(),
+            (None, GpuBackend::Sim) => PathBuf::from(SIM_DEV_ROOT),
+            (None, GpuBackend::Nvml) => PathBuf::from("/dev"),
+        }
+    }
+
+    pub fn node_name(&self) -> String {
+        if !self.node_name.is_empty() {
+            return self.node_name.clone();
+        }
+        nix::unistd::gethostname()
+            .ok()
+            .and_then(|h| h.into_string().ok())
+            .unwrap_or_else(|| "node".into())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_full_file_and_defaults() {
+        let cfg = NodeConfig::from_toml(
+            r#"
+            plugin_index = "05"
+            gpu_backend = "sim"
+            status_listen = "127.0.0.1:9402"
+            [log]
+            format = "json"
+            [resources]
+            memory_unit = "MiB"
+            [sim]
+            count = 2
+            memory_mib = 8192
+            "#,
+            "test",
+        )
+        .unwrap();
+        cfg.validate().unwrap();
+        assert_eq!(cfg.plugin_name, "gpushare");
+        assert_eq!(cfg.sim.count, 2);
+        assert_eq!(cfg.dev_root(), PathBuf::from(SIM_DEV_ROOT));
+        assert_eq!(cfg.log.format, LogFormat::Json);
+        assert_eq!(cfg.resources.memory, "aliyun.com/gpu-mem");
+    }
+
+    #[test]
+    fn bad_values_are_named() {
+        let e = NodeConfig::from_toml("plugin_idx = \"1\"", "f.toml").unwrap_err();
+        assert!(e.to_string().contains("invalid config f.toml"), "{e}");
+        assert!(e.to_string().contains("plugin_idx"), "{e}");
+        let cfg = NodeConfig {
+            plugin_index: "1".into(),
+            ..Default::default()
+        };
+        assert_eq!(
+            cfg.validate().unwrap_err().to_string(),
+            "plugin_index \"1\" must be exactly two digits"
+        );
+        let cfg = NodeConfig {
+            plugin_name: "gpu share".into(),
+            ..Default::default()
+        };
+        assert!(cfg.validate().unwrap_err().to_string().contains("\"gpu share\""));
+        let cfg = NodeConfig {
+            gpu_backend: GpuBackend::Sim,
+            dev_root: Some("/dev".into()),
+            ..Default::default()
+        };
+        assert!(cfg.validate().is_err());
+    }
+}

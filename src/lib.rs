@@ -1,0 +1,11 @@
+//! gpushare: shared-GPU scheduling for Kubernetes. See README.md and DESIGN notes there.
+
+pub mod adjust;
+pub mod config;
+pub mod gpu;
+pub mod logging;
+pub mod node;
+pub mod nri;
+pub mod registry;
+pub mod request;
+pub mod status;

@@ -1,0 +1,317 @@
+//! The node agent's NRI handler: turns the runtime's events into decisions with the pure
+//! modules (`request`, `adjust`) and keeps the container registry.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Instant;
+
+use serde::Serialize;
+
+use crate::adjust::{self, AdjustOptions};
+use crate::config::{GpuBackend, NodeConfig};
+use crate::gpu::devices::{self, DeviceSet};
+use crate::gpu::{Inventory, sim};
+use crate::nri::api::nri_api::{
+    ConfigureRequest, Container, ContainerAdjustment, ContainerState as NriState, Event,
+    PodSandbox, SynchronizeRequest,
+};
+use crate::nri::convert;
+use crate::nri::service::{Handler, HandlerError, event_mask};
+use crate::registry::{ContainerRecord, ContainerState, Registry};
+use crate::request::{self, ContainerRequest, RequestPolicy};
+
+/// Everything the handler derives from the configuration and the hardware.
+#[derive(Debug, Serialize)]
+pub struct NodeState {
+    pub node_name: String,
+    pub inventory: Inventory,
+    pub devices: DeviceSet,
+    #[serde(skip)]
+    pub policy: RequestPolicy,
+    #[serde(skip)]
+    pub adjust: AdjustOptions,
+}
+
+impl NodeState {
+    /// Discovers (or, for `sim`, creates) the GPUs and their device nodes.
+    pub fn init(cfg: &NodeConfig) -> anyhow::Result<NodeState> {
+        cfg.validate()?;
+        let node_name = cfg.node_name();
+        let dev_root = cfg.dev_root();
+        let inventory = match cfg.gpu_backend {
+            GpuBackend::Sim => {
+                let gpus = sim::inventory(&cfg.sim, &node_name);
+                let minors: Vec<u32> = gpus.iter().map(|g| g.minor).collect();
+                sim::create_device_nodes(&dev_root, &minors).map_err(|e| {
+                    anyhow::anyhow!(
+                        "cannot create simulated device nodes under dev_root {}: {e}",
+                        dev_root.display()
+                    )
+                })?;
+                Inventory::new(gpus)
+            }
+            GpuBackend::Nvml => anyhow::bail!(
+                "gpu_backend nvml: the NVML inventory is not part of this build yet; use gpu_backend sim"
+            ),
+        };
+        let devices = devices::discover(&dev_root, &cfg.proc_root.join("devices"))?;
+        Ok(NodeState {
+            node_name,
+            inventory,
+            devices,
+            policy: RequestPolicy {
+                names: cfg.resources.clone(),
+                require_grant: cfg.require_grant,
+            },
+            adjust: AdjustOptions {
+                cdi: cfg.cdi,
+                memory_unit: cfg.resources.memory_unit,
+            },
+        })
+    }
+}
+
+/// Counters for the status endpoint.
+#[derive(Debug, Default)]
+pub struct Stats {
+    pub creates_gpu: AtomicU64,
+    pub creates_passthrough: AtomicU64,
+    pub creates_refused: AtomicU64,
+    pub syncs: AtomicU64,
+    pub connected: AtomicBool,
+}
+
+/// The NRI handler of `gpushare node`.
+pub struct Node {
+    state: RwLock<Option<Arc<NodeState>>>,
+    /// Set for a pre-installed plugin: its config arrives in `Configure`.
+    config_from_runtime: bool,
+    pub registry: Arc<Registry>,
+    pub stats: Stats,
+    /// Records gathered from a split Synchronize until its last chunk.
+    sync_buf: Mutex<Vec<ContainerRecord>>,
+    /// Called with the runtime's config text (pre-installed plugins), before it is applied.
+    on_runtime_config: Box<dyn Fn(&NodeConfig) + Send + Sync>,
+}
+
+impl Node {
+    /// A node whose state is known now (external plugin).
+    pub fn new(state: NodeState) -> Node {
+        Node {
+            state: RwLock::new(Some(Arc::new(state))),
+            config_from_runtime: false,
+            registry: Arc::new(Registry::new()),
+            stats: Stats::default(),
+            sync_buf: Mutex::new(vec![]),
+            on_runtime_config: Box::new(|_| {}),
+        }
+    }
+
+    /// A node that takes its configuration from the runtime's `Configure` (pre-installed).
+    pub fn awaiting_config(on_config: impl Fn(&NodeConfig) + Send + Sync + 'static) -> Node {
+        Node {
+            state: RwLock::new(None),
+            config_from_runtime: true,
+            registry: Arc::new(Registry::new()),
+            stats: Stats::default(),
+            sync_buf: Mutex::new(vec![]),
+            on_runtime_config: Box::new(on_config),
+        }
+    }
+
+    pub fn state(&self) -> Option<Arc<NodeState>> {
+        self.state.read().expect("state lock").clone()
+    }
+
+    fn require_state(&self) -> Result<Arc<NodeState>, HandlerError> {
+        self.state()
+            .ok_or_else(|| HandlerError::internal("gpushare node is not configured yet"))
+    }
+
+    /// Validates one container and builds its adjustment; `None` for non-GPU containers.
+    pub fn decide(
+        &self,
+        state: &NodeState,
+        pod: &PodSandbox,
+        ctr: &Container,
+    ) -> Result<Option<(ContainerRequest, adjust::Adjustment)>, String> {
+        let req = request::container_request(
+            &pod.annotations,
+            &ctr.name,
+            &ctr.annotations,
+            &state.inventory,
+            &state.policy,
+        )
+        .map_err(|e| e.to_string())?;
+        let Some(req) = req else { return Ok(None) };
+        for g in &req.gpus {
+            let gpu = state.inventory.get(g.index).expect("validated index");
+            let c = self.registry.committed(g.index, &ctr.id);
+            if c.memory_mib + g.memory_mib > gpu.memory_mib {
+                return Err(format!(
+                    "GPU {} memory would be over-committed: {} MiB held by {} container(s) + {} MiB requested > {} MiB",
+                    g.index, c.memory_mib, c.containers, g.memory_mib, gpu.memory_mib
+                ));
+            }
+            if let Some(core) = g.core_percent
+                && c.core_percent + core > 100
+            {
+                return Err(format!(
+                    "GPU {} compute would be over-committed: {}% held by {} container(s) + {}% requested > 100%",
+                    g.index, c.core_percent, c.containers, core
+                ));
+            }
+        }
+        let adj = adjust::build(&req, &state.devices, &state.adjust).map_err(|e| e.to_string())?;
+        Ok(Some((req, adj)))
+    }
+
+    fn record(pod: &PodSandbox, ctr: &Container, req: ContainerRequest) -> ContainerRecord {
+        let state = match ctr.state.enum_value() {
+            Ok(NriState::CONTAINER_CREATED) => ContainerState::Created,
+            Ok(NriState::CONTAINER_RUNNING) | Ok(NriState::CONTAINER_PAUSED) => {
+                ContainerState::Running
+            }
+            Ok(NriState::CONTAINER_STOPPED) => ContainerState::Stopped,
+            _ => ContainerState::Unknown,
+        };
+        ContainerRecord {
+            id: ctr.id.clone(),
+            pod_namespace: pod.namespace.clone(),
+            pod_name: pod.name.clone(),
+            pod_uid: pod.uid.clone(),
+            container_name: ctr.name.clone(),
+            cgroups_path: ctr
+                .linux
+                .as_ref()
+                .map(|l| l.cgroups_path.clone())
+                .unwrap_or_default(),
+            pid: ctr.pid,
+            state,
+            gpus: req.gpus,
+        }
+    }
+}
+
+fn has_gpu_hint(pod: &PodSandbox, ctr: &Container) -> bool {
+    pod.annotations.contains_key(request::ASSIGNMENT_ANNOTATION)
+        || ctr
+            .annotations
+            .keys()
+            .any(|k| k.starts_with("gpushare.io/granted-"))
+}
+
+impl Handler for Node {
+    fn configure(&self, req: &ConfigureRequest) -> Result<i32, HandlerError> {
+        tracing::info!(
+            runtime = %req.runtime_name,
+            version = %req.runtime_version,
+            nri = %req.NRI_version,
+            "configure"
+        );
+        if self.config_from_runtime {
+            let cfg = NodeConfig::from_toml(&req.config, "from the runtime's plugin config")
+                .map_err(|e| HandlerError::invalid(e.to_string()))?;
+            (self.on_runtime_config)(&cfg);
+            let state = NodeState::init(&cfg).map_err(|e| HandlerError::invalid(format!("{e:#}")))?;
+            tracing::info!(gpus = state.inventory.len(), "configured from the runtime");
+            *self.state.write().expect("state lock") = Some(Arc::new(state));
+        }
+        Ok(event_mask(&[
+            Event::CREATE_CONTAINER,
+            Event::START_CONTAINER,
+            Event::UPDATE_CONTAINER,
+            Event::STOP_CONTAINER,
+            Event::REMOVE_CONTAINER,
+        ]))
+    }
+
+    fn synchronize(&self, req: &SynchronizeRequest) -> Result<(), HandlerError> {
+        let state = self.require_state()?;
+        let pods: HashMap<&str, &PodSandbox> =
+            req.pods.iter().map(|p| (p.id.as_str(), p)).collect();
+        let mut buf = self.sync_buf.lock().expect("sync lock");
+        for ctr in &req.containers {
+            let Some(pod) = pods.get(ctr.pod_sandbox_id.as_str()) else {
+                tracing::warn!(container = %ctr.id, pod = %ctr.pod_sandbox_id, "synchronized container without its pod");
+                continue;
+            };
+            match request::container_request(
+                &pod.annotations,
+                &ctr.name,
+                &ctr.annotations,
+                &state.inventory,
+                &state.policy,
+            ) {
+                Ok(Some(req)) => buf.push(Node::record(pod, ctr, req)),
+                Ok(None) => {}
+                // Created before a config change, say; it keeps running, but we cannot
+                // account it.
+                Err(e) => tracing::warn!(container = %ctr.id, error = %e, "cannot account running container"),
+            }
+        }
+        if !req.more {
+            let records = std::mem::take(&mut *buf);
+            tracing::info!(containers = records.len(), "registry rebuilt from runtime state");
+            self.registry.replace_all(records);
+            self.stats.syncs.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    fn create_container(
+        &self,
+        pod: &PodSandbox,
+        ctr: &Container,
+    ) -> Result<Option<ContainerAdjustment>, HandlerError> {
+        if !has_gpu_hint(pod, ctr) {
+            self.stats.creates_passthrough.fetch_add(1, Ordering::Relaxed);
+            return Ok(None);
+        }
+        let span = tracing::info_span!("create", pod = %format!("{}/{}", pod.namespace, pod.name), container = %ctr.name, id = %ctr.id);
+        let _g = span.enter();
+        let started = Instant::now();
+        let state = self.require_state()?;
+        match self.decide(&state, pod, ctr) {
+            Ok(None) => {
+                self.stats.creates_passthrough.fetch_add(1, Ordering::Relaxed);
+                Ok(None)
+            }
+            Ok(Some((req, adj))) => {
+                let gpus: Vec<u32> = req.gpus.iter().map(|g| g.index).collect();
+                self.registry.upsert(Node::record(pod, ctr, req));
+                self.stats.creates_gpu.fetch_add(1, Ordering::Relaxed);
+                tracing::info!(?gpus, micros = started.elapsed().as_micros() as u64, "GPU container admitted");
+                Ok(Some(convert::adjustment(&adj)))
+            }
+            Err(msg) => {
+                self.stats.creates_refused.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(error = %msg, "GPU container refused");
+                Err(HandlerError::invalid(format!("gpushare: {msg}")))
+            }
+        }
+    }
+
+    fn start_container(&self, _pod: &PodSandbox, ctr: &Container) {
+        self.registry.set_state(&ctr.id, ContainerState::Running);
+    }
+
+    fn update_container(&self, _pod: &PodSandbox, _ctr: &Container) -> Result<(), HandlerError> {
+        Ok(())
+    }
+
+    fn stop_container(&self, _pod: &PodSandbox, ctr: &Container) {
+        self.registry.set_state(&ctr.id, ContainerState::Stopped);
+    }
+
+    fn remove_container(&self, _pod: &PodSandbox, ctr: &Container) {
+        if self.registry.remove(&ctr.id).is_some() {
+            tracing::info!(id = %ctr.id, "GPU container removed");
+        }
+    }
+
+    fn connected(&self, up: bool) {
+        self.stats.connected.store(up, Ordering::Relaxed);
+    }
+}

@@ -1,0 +1,52 @@
+//! Plain data ↔ NRI protocol types.
+
+use super::api::nri_api::{
+    CDIDevice, ContainerAdjustment, KeyValue, LinuxContainerAdjustment, LinuxDevice,
+    OptionalFileMode,
+};
+use crate::adjust::Adjustment;
+
+/// The protocol form of an [`Adjustment`].
+pub fn adjustment(adj: &Adjustment) -> ContainerAdjustment {
+    let devices = adj
+        .devices
+        .iter()
+        .map(|d| LinuxDevice {
+            path: d.path.clone(),
+            type_: "c".into(),
+            major: d.major,
+            minor: d.minor,
+            file_mode: Some(OptionalFileMode {
+                value: d.file_mode,
+                ..Default::default()
+            })
+            .into(),
+            ..Default::default()
+        })
+        .collect();
+    ContainerAdjustment {
+        env: adj
+            .env
+            .iter()
+            .map(|(k, v)| KeyValue {
+                key: k.clone(),
+                value: v.clone(),
+                ..Default::default()
+            })
+            .collect(),
+        linux: Some(LinuxContainerAdjustment {
+            devices,
+            ..Default::default()
+        })
+        .into(),
+        CDI_devices: adj
+            .cdi_devices
+            .iter()
+            .map(|n| CDIDevice {
+                name: n.clone(),
+                ..Default::default()
+            })
+            .collect(),
+        ..Default::default()
+    }
+}

@@ -1,0 +1,254 @@
+//! Resource names, units and the quantities a pod asks for (`aliyun.com/gpu-mem: 2`,
+//! `aliyun.com/gpu-core.percentage: 30`, `aliyun.com/gpu-count: 1`), plus what kubelet granted
+//! through the device plugin (container annotations `gpushare.io/granted-*`).
+
+use std::collections::HashMap;
+
+use serde::{Deserialize, Serialize};
+
+use super::RequestError;
+
+/// Container annotation the device plugin returns from `Allocate` for the memory resource:
+/// how many memory units kubelet accounted to the container.
+pub const GRANTED_MEM_ANNOTATION: &str = "gpushare.io/granted-mem";
+/// Same for the core resource (percent of one GPU).
+pub const GRANTED_CORE_ANNOTATION: &str = "gpushare.io/granted-core";
+/// Same for the GPU-count resource.
+pub const GRANTED_COUNT_ANNOTATION: &str = "gpushare.io/granted-count";
+
+/// Unit of the memory resource.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum MemoryUnit {
+    GiB,
+    MiB,
+}
+
+impl MemoryUnit {
+    pub fn mib(self) -> u64 {
+        match self {
+            MemoryUnit::GiB => 1024,
+            MemoryUnit::MiB => 1,
+        }
+    }
+}
+
+/// Names of the extended resources and the memory unit (configurable per cluster).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ResourceNames {
+    pub memory: String,
+    pub core: String,
+    pub count: String,
+    pub memory_unit: MemoryUnit,
+}
+
+impl Default for ResourceNames {
+    fn default() -> Self {
+        ResourceNames {
+            memory: "aliyun.com/gpu-mem".into(),
+            core: "aliyun.com/gpu-core.percentage".into(),
+            count: "aliyun.com/gpu-count".into(),
+            memory_unit: MemoryUnit::GiB,
+        }
+    }
+}
+
+impl ResourceNames {
+    /// The short form used in messages: `gpu-core.percentage` for `aliyun.com/gpu-core.percentage`.
+    pub fn short(name: &str) -> &str {
+        name.rsplit('/').next().unwrap_or(name)
+    }
+}
+
+/// Checks a compute quota: a multiple of 5 in [5, 100].
+pub fn validate_core_percent(field: &str, value: i64) -> Result<u32, RequestError> {
+    if !(5..=100).contains(&value) {
+        return Err(RequestError::CoreOutOfRange {
+            field: field.to_string(),
+            value,
+        });
+    }
+    if value % 5 != 0 {
+        return Err(RequestError::CoreNotMultipleOf5 {
+            field: field.to_string(),
+            value,
+        });
+    }
+    Ok(value as u32)
+}
+
+/// What a container asks for (pod limits) or was granted (device-plugin annotations).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct GpuQuantities {
+    /// Memory in units of [`ResourceNames::memory_unit`].
+    pub memory_units: u64,
+    /// Percent of one GPU, when a compute quota is asked for.
+    pub core_percent: Option<u32>,
+    /// Whole GPUs, when asked for.
+    pub count: Option<u32>,
+}
+
+impl GpuQuantities {
+    pub fn memory_mib(&self, unit: MemoryUnit) -> u64 {
+        self.memory_units * unit.mib()
+    }
+}
+
+fn parse_int(field: &str, raw: &str) -> Result<i64, RequestError> {
+    raw.trim()
+        .parse::<i64>()
+        .map_err(|_| RequestError::NotAnInteger {
+            field: field.to_string(),
+            value: raw.to_string(),
+        })
+}
+
+/// Parses a container's resource limits (as the API server stores them: decimal strings).
+/// Returns `None` when the container asks for no GPU resource at all.
+pub fn parse_limits(
+    limits: &HashMap<String, String>,
+    names: &ResourceNames,
+) -> Result<Option<GpuQuantities>, RequestError> {
+    parse_quantities(
+        limits.get(&names.memory).map(String::as_str),
+        limits.get(&names.core).map(String::as_str),
+        limits.get(&names.count).map(String::as_str),
+        names,
+    )
+}
+
+/// Parses the device plugin's grant annotations on a container.
+pub fn parse_grant(
+    annotations: &HashMap<String, String>,
+    names: &ResourceNames,
+) -> Result<Option<GpuQuantities>, RequestError> {
+    parse_quantities(
+        annotations.get(GRANTED_MEM_ANNOTATION).map(String::as_str),
+        annotations.get(GRANTED_CORE_ANNOTATION).map(String::as_str),
+        annotations.get(GRANTED_COUNT_ANNOTATION).map(String::as_str),
+        names,
+    )
+}
+
+fn parse_quantities(
+    mem: Option<&str>,
+    core: Option<&str>,
+    count: Option<&str>,
+    names: &ResourceNames,
+) -> Result<Option<GpuQuantities>, RequestError> {
+    if mem.is_none() && core.is_none() && count.is_none() {
+        return Ok(None);
+    }
+    let memory_units = match mem {
+        Some(raw) => {
+            let v = parse_int(&names.memory, raw)?;
+            if v <= 0 {
+                return Err(RequestError::NotPositive {
+                    field: names.memory.clone(),
+                    value: v,
+                });
+            }
+            v as u64
+        }
+        None => {
+            // A compute quota without memory cannot be placed on a shared GPU.
+            return Err(RequestError::CoreWithoutMemory {
+                core_field: names.core.clone(),
+                memory_field: names.memory.clone(),
+            });
+        }
+    };
+    let core_percent = core
+        .map(|raw| parse_int(&names.core, raw).and_then(|v| validate_core_percent(&names.core, v)))
+        .transpose()?;
+    let count = count
+        .map(|raw| {
+            let v = parse_int(&names.count, raw)?;
+            if v <= 0 {
+                Err(RequestError::NotPositive {
+                    field: names.count.clone(),
+                    value: v,
+                })
+            } else {
+                Ok(v as u32)
+            }
+        })
+        .transpose()?;
+    Ok(Some(GpuQuantities {
+        memory_units,
+        core_percent,
+        count,
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn map(kv: &[(&str, &str)]) -> HashMap<String, String> {
+        kv.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    #[test]
+    fn core_must_be_multiple_of_5_in_range() {
+        for ok in [5, 30, 100] {
+            assert_eq!(validate_core_percent("c", ok).unwrap(), ok as u32);
+        }
+        let e = validate_core_percent("aliyun.com/gpu-core.percentage", 33).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "aliyun.com/gpu-core.percentage 33 is not a multiple of 5"
+        );
+        for bad in [0, -5, 105, 4] {
+            let e = validate_core_percent("c", bad).unwrap_err();
+            assert!(e.to_string().contains(&format!("c {bad} is not in [5, 100]")), "{e}");
+        }
+    }
+
+    #[test]
+    fn limits_parse_and_no_gpu_is_none() {
+        let names = ResourceNames::default();
+        assert_eq!(parse_limits(&map(&[("cpu", "2")]), &names).unwrap(), None);
+        let q = parse_limits(
+            &map(&[
+                ("aliyun.com/gpu-mem", "2"),
+                ("aliyun.com/gpu-core.percentage", "30"),
+            ]),
+            &names,
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(q.memory_units, 2);
+        assert_eq!(q.memory_mib(names.memory_unit), 2048);
+        assert_eq!(q.core_percent, Some(30));
+        assert_eq!(q.count, None);
+    }
+
+    #[test]
+    fn bad_limits_name_field_and_value() {
+        let names = ResourceNames::default();
+        let e = parse_limits(&map(&[("aliyun.com/gpu-mem", "two")]), &names).unwrap_err();
+        assert_eq!(e.to_string(), "aliyun.com/gpu-mem \"two\" is not an integer");
+        let e = parse_limits(&map(&[("aliyun.com/gpu-mem", "0")]), &names).unwrap_err();
+        assert_eq!(e.to_string(), "aliyun.com/gpu-mem 0 must be positive");
+        let e = parse_limits(&map(&[("aliyun.com/gpu-core.percentage", "30")]), &names)
+            .unwrap_err();
+        assert!(e.to_string().contains("without aliyun.com/gpu-mem"), "{e}");
+    }
+
+    #[test]
+    fn grant_uses_annotations_and_configured_unit() {
+        let names = ResourceNames {
+            memory_unit: MemoryUnit::MiB,
+            ..Default::default()
+        };
+        let g = parse_grant(
+            &map(&[(GRANTED_MEM_ANNOTATION, "512"), (GRANTED_COUNT_ANNOTATION, "1")]),
+            &names,
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(g.memory_mib(names.memory_unit), 512);
+        assert_eq!(g.count, Some(1));
+    }
+}
