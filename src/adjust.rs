@@ -49,7 +49,8 @@ pub fn build(
             })?;
         adj.devices.push(node.clone());
     }
-    adj.devices.push(devices.ctl.clone().ok_or(AdjustError::MissingCtl)?);
+    adj.devices
+        .push(devices.ctl.clone().ok_or(AdjustError::MissingCtl)?);
     adj.devices.extend(devices.uvm.iter().cloned());
     adj.devices.extend(devices.uvm_tools.iter().cloned());
 
@@ -58,17 +59,29 @@ pub fn build(
     };
     let unit = opts.memory_unit.mib();
     let mut env = vec![
-        ("NVIDIA_VISIBLE_DEVICES".to_string(), join(&|g| g.uuid.clone())),
-        ("GPUSHARE_GPU_INDEX".to_string(), join(&|g| g.index.to_string())),
+        (
+            "NVIDIA_VISIBLE_DEVICES".to_string(),
+            join(&|g| g.uuid.clone()),
+        ),
+        (
+            "GPUSHARE_GPU_INDEX".to_string(),
+            join(&|g| g.index.to_string()),
+        ),
         ("GPUSHARE_GPU_UUID".to_string(), join(&|g| g.uuid.clone())),
-        ("GPUSHARE_GPU_MEMORY_MIB".to_string(), req.memory_mib().to_string()),
+        (
+            "GPUSHARE_GPU_MEMORY_MIB".to_string(),
+            req.memory_mib().to_string(),
+        ),
     ];
     if req.gpus.iter().all(|g| g.core_percent.is_some()) {
         let core: u32 = req.gpus.iter().filter_map(|g| g.core_percent).sum();
         env.push(("GPUSHARE_GPU_CORE_PERCENT".to_string(), core.to_string()));
     }
     env.extend([
-        ("ALIYUN_COM_GPU_MEM_IDX".to_string(), join(&|g| g.index.to_string())),
+        (
+            "ALIYUN_COM_GPU_MEM_IDX".to_string(),
+            join(&|g| g.index.to_string()),
+        ),
         (
             "ALIYUN_COM_GPU_MEM_CONTAINER".to_string(),
             (req.memory_mib() / unit).to_string(),
@@ -141,7 +154,12 @@ mod tests {
         let paths: Vec<&str> = adj.devices.iter().map(|d| d.path.as_str()).collect();
         assert_eq!(
             paths,
-            ["/dev/nvidia1", "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"]
+            [
+                "/dev/nvidia1",
+                "/dev/nvidiactl",
+                "/dev/nvidia-uvm",
+                "/dev/nvidia-uvm-tools"
+            ]
         );
         let env: BTreeMap<_, _> = adj.env.iter().cloned().collect();
         assert_eq!(env["NVIDIA_VISIBLE_DEVICES"], "GPU-1");
@@ -158,16 +176,12 @@ mod tests {
         let req = ContainerRequest {
             gpus: vec![grant(3, 1024, None)],
         };
-        let adj = build(
-            &req,
-            &devset(4),
-            &AdjustOptions {
-                cdi: true,
-                ..OPTS
-            },
-        )
-        .unwrap();
-        assert!(!adj.env.iter().any(|(k, _)| k == "GPUSHARE_GPU_CORE_PERCENT"));
+        let adj = build(&req, &devset(4), &AdjustOptions { cdi: true, ..OPTS }).unwrap();
+        assert!(
+            !adj.env
+                .iter()
+                .any(|(k, _)| k == "GPUSHARE_GPU_CORE_PERCENT")
+        );
         assert_eq!(adj.cdi_devices, ["nvidia.com/gpu=3"]);
     }
 

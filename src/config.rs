@@ -108,7 +108,9 @@ pub enum ConfigError {
     PluginName(String),
     #[error("plugin_index {0:?} must be exactly two digits")]
     PluginIndex(String),
-    #[error("dev_root {0:?} cannot be /dev with gpu_backend sim (it would create device nodes on the host)")]
+    #[error(
+        "dev_root {0:?} cannot be /dev with gpu_backend sim (it would create device nodes on the host)"
+    )]
     SimOnHostDev(PathBuf),
 }
 
@@ -217,7 +219,12 @@ mod tests {
             plugin_name: "gpu share".into(),
             ..Default::default()
         };
-        assert!(cfg.validate().unwrap_err().to_string().contains("\"gpu share\""));
+        assert!(
+            cfg.validate()
+                .unwrap_err()
+                .to_string()
+                .contains("\"gpu share\"")
+        );
         let cfg = NodeConfig {
             gpu_backend: GpuBackend::Sim,
             dev_root: Some("/dev".into()),

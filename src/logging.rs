@@ -43,7 +43,11 @@ fn layer(format: LogFormat, level: &str) -> BoxedLayer {
         .with_ansi(false);
     match format {
         LogFormat::Text => base.with_filter(filter).boxed(),
-        LogFormat::Json => base.json().with_current_span(true).with_filter(filter).boxed(),
+        LogFormat::Json => base
+            .json()
+            .with_current_span(true)
+            .with_filter(filter)
+            .boxed(),
     }
 }
 
@@ -51,7 +55,10 @@ fn open(path: &Path) -> std::io::Result<File> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir)?;
     }
-    std::fs::OpenOptions::new().create(true).append(true).open(path)
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
 }
 
 /// Installs the global subscriber.

@@ -11,7 +11,11 @@ use gpushare::node::{Node, NodeState};
 use gpushare::nri::plugin::{self, Registration};
 
 #[derive(Parser)]
-#[command(name = "gpushare", version, about = "Shared-GPU scheduling for Kubernetes")]
+#[command(
+    name = "gpushare",
+    version,
+    about = "Shared-GPU scheduling for Kubernetes"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -122,7 +126,9 @@ fn main() -> anyhow::Result<()> {
                     &cfg.sim,
                     &cfg.node_name(),
                 )),
-                GpuBackend::Nvml => anyhow::bail!("capacity: gpu_backend nvml is not part of this build yet"),
+                GpuBackend::Nvml => {
+                    anyhow::bail!("capacity: gpu_backend nvml is not part of this build yet")
+                }
             };
             for (name, value) in gpushare::gpu::capacity(&inv, &cfg.resources) {
                 println!("{name}: \"{value}\"");

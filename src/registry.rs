@@ -110,7 +110,13 @@ impl Registry {
 mod tests {
     use super::*;
 
-    fn rec(id: &str, gpu: u32, mem: u64, core: Option<u32>, state: ContainerState) -> ContainerRecord {
+    fn rec(
+        id: &str,
+        gpu: u32,
+        mem: u64,
+        core: Option<u32>,
+        state: ContainerState,
+    ) -> ContainerRecord {
         ContainerRecord {
             id: id.into(),
             pod_namespace: "default".into(),

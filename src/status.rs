@@ -16,7 +16,11 @@ pub fn metrics(node: &Node) -> String {
     let mut out = String::new();
     let s = &node.stats;
     let _ = writeln!(out, "# TYPE gpushare_nri_connected gauge");
-    let _ = writeln!(out, "gpushare_nri_connected {}", s.connected.load(Ordering::Relaxed) as u8);
+    let _ = writeln!(
+        out,
+        "gpushare_nri_connected {}",
+        s.connected.load(Ordering::Relaxed) as u8
+    );
     let _ = writeln!(out, "# TYPE gpushare_create_container_total counter");
     for (result, v) in [
         ("gpu", &s.creates_gpu),
@@ -30,7 +34,11 @@ pub fn metrics(node: &Node) -> String {
         );
     }
     let _ = writeln!(out, "# TYPE gpushare_synchronize_total counter");
-    let _ = writeln!(out, "gpushare_synchronize_total {}", s.syncs.load(Ordering::Relaxed));
+    let _ = writeln!(
+        out,
+        "gpushare_synchronize_total {}",
+        s.syncs.load(Ordering::Relaxed)
+    );
     if let Some(state) = node.state() {
         let _ = writeln!(out, "# TYPE gpushare_gpu_memory_total_mib gauge");
         let _ = writeln!(out, "# TYPE gpushare_gpu_memory_assigned_mib gauge");
@@ -40,8 +48,16 @@ pub fn metrics(node: &Node) -> String {
             let c = node.registry.committed(g.index, "");
             let l = format!("gpu=\"{}\",uuid=\"{}\"", g.index, g.uuid);
             let _ = writeln!(out, "gpushare_gpu_memory_total_mib{{{l}}} {}", g.memory_mib);
-            let _ = writeln!(out, "gpushare_gpu_memory_assigned_mib{{{l}}} {}", c.memory_mib);
-            let _ = writeln!(out, "gpushare_gpu_core_assigned_percent{{{l}}} {}", c.core_percent);
+            let _ = writeln!(
+                out,
+                "gpushare_gpu_memory_assigned_mib{{{l}}} {}",
+                c.memory_mib
+            );
+            let _ = writeln!(
+                out,
+                "gpushare_gpu_core_assigned_percent{{{l}}} {}",
+                c.core_percent
+            );
             let _ = writeln!(out, "gpushare_gpu_containers{{{l}}} {}", c.containers);
         }
     }
@@ -59,8 +75,20 @@ fn route(node: &Node, path: &str) -> String {
     match path {
         "/healthz" => {
             let up = node.stats.connected.load(Ordering::Relaxed);
-            let body = if up { "ok\n" } else { "not connected to the runtime\n" };
-            respond(if up { "200 OK" } else { "503 Service Unavailable" }, "text/plain", body)
+            let body = if up {
+                "ok\n"
+            } else {
+                "not connected to the runtime\n"
+            };
+            respond(
+                if up {
+                    "200 OK"
+                } else {
+                    "503 Service Unavailable"
+                },
+                "text/plain",
+                body,
+            )
         }
         "/registry" => {
             let body = serde_json::to_string_pretty(&node.registry.snapshot()).unwrap_or_default();

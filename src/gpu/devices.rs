@@ -135,7 +135,8 @@ pub fn discover(dev_root: &Path, proc_devices: &Path) -> Result<DeviceSet, Devic
         }
         None => {
             set.uvm = char_device(&dev_root.join("nvidia-uvm"), "/dev/nvidia-uvm");
-            set.uvm_tools = char_device(&dev_root.join("nvidia-uvm-tools"), "/dev/nvidia-uvm-tools");
+            set.uvm_tools =
+                char_device(&dev_root.join("nvidia-uvm-tools"), "/dev/nvidia-uvm-tools");
         }
     }
     Ok(set)
@@ -149,7 +150,10 @@ mod tests {
 
     #[test]
     fn uvm_major_comes_from_char_section_only() {
-        assert_eq!(major_from_proc_devices(PROC_DEVICES, "nvidia-uvm"), Some(508));
+        assert_eq!(
+            major_from_proc_devices(PROC_DEVICES, "nvidia-uvm"),
+            Some(508)
+        );
         assert_eq!(major_from_proc_devices(PROC_DEVICES, "sd"), None);
         assert_eq!(major_from_proc_devices(PROC_DEVICES, "nvidia-caps"), None);
     }

@@ -80,7 +80,10 @@ mod tests {
         assert_eq!(
             cap,
             vec![
-                ("aliyun.com/gpu-core.percentage".to_string(), "400".to_string()),
+                (
+                    "aliyun.com/gpu-core.percentage".to_string(),
+                    "400".to_string()
+                ),
                 ("aliyun.com/gpu-count".to_string(), "4".to_string()),
                 ("aliyun.com/gpu-mem".to_string(), "60".to_string()),
             ]

@@ -214,7 +214,8 @@ impl Handler for Node {
             let cfg = NodeConfig::from_toml(&req.config, "from the runtime's plugin config")
                 .map_err(|e| HandlerError::invalid(e.to_string()))?;
             (self.on_runtime_config)(&cfg);
-            let state = NodeState::init(&cfg).map_err(|e| HandlerError::invalid(format!("{e:#}")))?;
+            let state =
+                NodeState::init(&cfg).map_err(|e| HandlerError::invalid(format!("{e:#}")))?;
             tracing::info!(gpus = state.inventory.len(), "configured from the runtime");
             *self.state.write().expect("state lock") = Some(Arc::new(state));
         }
@@ -248,12 +249,17 @@ impl Handler for Node {
                 Ok(None) => {}
                 // Created before a config change, say; it keeps running, but we cannot
                 // account it.
-                Err(e) => tracing::warn!(container = %ctr.id, error = %e, "cannot account running container"),
+                Err(e) => {
+                    tracing::warn!(container = %ctr.id, error = %e, "cannot account running container")
+                }
             }
         }
         if !req.more {
             let records = std::mem::take(&mut *buf);
-            tracing::info!(containers = records.len(), "registry rebuilt from runtime state");
+            tracing::info!(
+                containers = records.len(),
+                "registry rebuilt from runtime state"
+            );
             self.registry.replace_all(records);
             self.stats.syncs.fetch_add(1, Ordering::Relaxed);
         }
@@ -266,7 +272,9 @@ impl Handler for Node {
         ctr: &Container,
     ) -> Result<Option<ContainerAdjustment>, HandlerError> {
         if !has_gpu_hint(pod, ctr) {
-            self.stats.creates_passthrough.fetch_add(1, Ordering::Relaxed);
+            self.stats
+                .creates_passthrough
+                .fetch_add(1, Ordering::Relaxed);
             return Ok(None);
         }
         let span = tracing::info_span!("create", pod = %format!("{}/{}", pod.namespace, pod.name), container = %ctr.name, id = %ctr.id);
@@ -275,14 +283,20 @@ impl Handler for Node {
         let state = self.require_state()?;
         match self.decide(&state, pod, ctr) {
             Ok(None) => {
-                self.stats.creates_passthrough.fetch_add(1, Ordering::Relaxed);
+                self.stats
+                    .creates_passthrough
+                    .fetch_add(1, Ordering::Relaxed);
                 Ok(None)
             }
             Ok(Some((req, adj))) => {
                 let gpus: Vec<u32> = req.gpus.iter().map(|g| g.index).collect();
                 self.registry.upsert(Node::record(pod, ctr, req));
                 self.stats.creates_gpu.fetch_add(1, Ordering::Relaxed);
-                tracing::info!(?gpus, micros = started.elapsed().as_micros() as u64, "GPU container admitted");
+                tracing::info!(
+                    ?gpus,
+                    micros = started.elapsed().as_micros() as u64,
+                    "GPU container admitted"
+                );
                 Ok(Some(convert::adjustment(&adj)))
             }
             Err(msg) => {

@@ -235,11 +235,11 @@ async fn read_trunk<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
         loop {
             match dec.next_frame() {
                 Ok(Some((id, payload))) => {
-                    if let Some(w) = conns.get_mut(&id) {
-                        if let Err(e) = w.write_all(&payload).await {
-                            tracing::debug!(conn = id, error = %e, "logical connection closed");
-                            conns.remove(&id);
-                        }
+                    if let Some(w) = conns.get_mut(&id)
+                        && let Err(e) = w.write_all(&payload).await
+                    {
+                        tracing::debug!(conn = id, error = %e, "logical connection closed");
+                        conns.remove(&id);
                     }
                 }
                 Ok(None) => break,

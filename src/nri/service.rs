@@ -161,7 +161,11 @@ impl<H: Handler> Plugin for PluginService<H> {
     }
 
     /// Older runtimes (NRI v0.8: containerd 1.7, 2.0, 2.1) deliver these events here.
-    async fn state_change(&self, _ctx: &TtrpcContext, req: StateChangeEvent) -> ttrpc::Result<Empty> {
+    async fn state_change(
+        &self,
+        _ctx: &TtrpcContext,
+        req: StateChangeEvent,
+    ) -> ttrpc::Result<Empty> {
         let (pod, ctr) = (&req.pod, &req.container);
         match req.event.enum_value() {
             Ok(Event::START_CONTAINER) => self.handler.start_container(pod, ctr),

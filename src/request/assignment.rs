@@ -91,9 +91,15 @@ mod tests {
     #[test]
     fn rejects_malformed_unknown_fields_and_versions() {
         let e = Assignment::parse("{not json").unwrap_err();
-        assert!(e.to_string().starts_with("gpushare.io/assignment is not valid JSON"), "{e}");
-        let e = Assignment::parse(r#"{"version":1,"containers":{"c":[{"gpuIndex":0,"memoryMiB":1,"gpu":2}]}}"#)
-            .unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with("gpushare.io/assignment is not valid JSON"),
+            "{e}"
+        );
+        let e = Assignment::parse(
+            r#"{"version":1,"containers":{"c":[{"gpuIndex":0,"memoryMiB":1,"gpu":2}]}}"#,
+        )
+        .unwrap_err();
         assert!(e.to_string().contains("unknown field `gpu`"), "{e}");
         let e = Assignment::parse(r#"{"version":2,"containers":{}}"#).unwrap_err();
         assert_eq!(

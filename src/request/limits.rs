@@ -125,7 +125,9 @@ pub fn parse_grant(
     parse_quantities(
         annotations.get(GRANTED_MEM_ANNOTATION).map(String::as_str),
         annotations.get(GRANTED_CORE_ANNOTATION).map(String::as_str),
-        annotations.get(GRANTED_COUNT_ANNOTATION).map(String::as_str),
+        annotations
+            .get(GRANTED_COUNT_ANNOTATION)
+            .map(String::as_str),
         names,
     )
 }
@@ -186,7 +188,9 @@ mod tests {
     use super::*;
 
     fn map(kv: &[(&str, &str)]) -> HashMap<String, String> {
-        kv.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+        kv.iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
     }
 
     #[test]
@@ -201,7 +205,11 @@ mod tests {
         );
         for bad in [0, -5, 105, 4] {
             let e = validate_core_percent("c", bad).unwrap_err();
-            assert!(e.to_string().contains(&format!("c {bad} is not in [5, 100]")), "{e}");
+            assert!(
+                e.to_string()
+                    .contains(&format!("c {bad} is not in [5, 100]")),
+                "{e}"
+            );
         }
     }
 
@@ -228,11 +236,14 @@ mod tests {
     fn bad_limits_name_field_and_value() {
         let names = ResourceNames::default();
         let e = parse_limits(&map(&[("aliyun.com/gpu-mem", "two")]), &names).unwrap_err();
-        assert_eq!(e.to_string(), "aliyun.com/gpu-mem \"two\" is not an integer");
+        assert_eq!(
+            e.to_string(),
+            "aliyun.com/gpu-mem \"two\" is not an integer"
+        );
         let e = parse_limits(&map(&[("aliyun.com/gpu-mem", "0")]), &names).unwrap_err();
         assert_eq!(e.to_string(), "aliyun.com/gpu-mem 0 must be positive");
-        let e = parse_limits(&map(&[("aliyun.com/gpu-core.percentage", "30")]), &names)
-            .unwrap_err();
+        let e =
+            parse_limits(&map(&[("aliyun.com/gpu-core.percentage", "30")]), &names).unwrap_err();
         assert!(e.to_string().contains("without aliyun.com/gpu-mem"), "{e}");
     }
 
@@ -243,7 +254,10 @@ mod tests {
             ..Default::default()
         };
         let g = parse_grant(
-            &map(&[(GRANTED_MEM_ANNOTATION, "512"), (GRANTED_COUNT_ANNOTATION, "1")]),
+            &map(&[
+                (GRANTED_MEM_ANNOTATION, "512"),
+                (GRANTED_COUNT_ANNOTATION, "1"),
+            ]),
             &names,
         )
         .unwrap()

@@ -34,7 +34,9 @@ pub enum RequestError {
     },
     #[error("gpushare.io/assignment is not valid JSON: {reason}")]
     MalformedAssignment { reason: String },
-    #[error("gpushare.io/assignment version {value} is not supported (this node reads version {supported})")]
+    #[error(
+        "gpushare.io/assignment version {value} is not supported (this node reads version {supported})"
+    )]
     UnsupportedVersion { value: u32, supported: u32 },
     #[error(
         "container {container:?} was granted {memory_field}={units} but the pod has no gpushare.io/assignment annotation (not placed by the gpushare scheduler?)"
@@ -71,7 +73,11 @@ pub enum RequestError {
     #[error(
         "gpushare.io/assignment memoryMiB {value} exceeds the memory of GPU {index} ({gpu_mib} MiB)"
     )]
-    MemoryExceedsGpu { value: u64, index: u32, gpu_mib: u64 },
+    MemoryExceedsGpu {
+        value: u64,
+        index: u32,
+        gpu_mib: u64,
+    },
     #[error(
         "gpushare.io/assignment gives container {container:?} {assigned_mib} MiB but kubelet granted {memory_field}={units} ({granted_mib} MiB)"
     )]
@@ -317,18 +323,33 @@ mod tests {
         )
     }
 
-    fn req(pod_ann: &str, ctr: HashMap<String, String>) -> Result<Option<ContainerRequest>, RequestError> {
-        container_request(&pod(pod_ann), "main", &ctr, &inv(), &RequestPolicy::default())
+    fn req(
+        pod_ann: &str,
+        ctr: HashMap<String, String>,
+    ) -> Result<Option<ContainerRequest>, RequestError> {
+        container_request(
+            &pod(pod_ann),
+            "main",
+            &ctr,
+            &inv(),
+            &RequestPolicy::default(),
+        )
     }
 
     #[test]
     fn valid_request_gets_the_assigned_gpu() {
-        let r = req(&one(1, 2048, r#","corePercent":30"#), granted("2", Some("30")))
-            .unwrap()
-            .unwrap();
+        let r = req(
+            &one(1, 2048, r#","corePercent":30"#),
+            granted("2", Some("30")),
+        )
+        .unwrap()
+        .unwrap();
         assert_eq!(r.gpus.len(), 1);
         let g = &r.gpus[0];
-        assert_eq!((g.index, g.minor, g.memory_mib, g.core_percent), (1, 1, 2048, Some(30)));
+        assert_eq!(
+            (g.index, g.minor, g.memory_mib, g.core_percent),
+            (1, 1, 2048, Some(30))
+        );
         assert_eq!(g.uuid, inv().get(1).unwrap().uuid);
         assert_eq!(g.gpu_memory_mib, 15360);
     }
@@ -376,9 +397,19 @@ mod tests {
             let e = req(&ann, ctr).unwrap_err();
             assert!(e.to_string().contains(want), "{ann}: got {e}, want {want}");
         }
-        let e = container_request(&HashMap::new(), "main", &granted("2", None), &inv(), &RequestPolicy::default())
-            .unwrap_err();
-        assert!(e.to_string().contains("granted aliyun.com/gpu-mem=2 but the pod has no gpushare.io/assignment"), "{e}");
+        let e = container_request(
+            &HashMap::new(),
+            "main",
+            &granted("2", None),
+            &inv(),
+            &RequestPolicy::default(),
+        )
+        .unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("granted aliyun.com/gpu-mem=2 but the pod has no gpushare.io/assignment"),
+            "{e}"
+        );
     }
 
     proptest! {
