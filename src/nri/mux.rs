@@ -215,7 +215,9 @@ async fn write_trunk<W: AsyncWrite + Unpin>(
         w.write_all(&frame).await?;
         w.flush().await?;
     }
-    Ok(())
+    // Every logical connection is closed on our side: tell the peer (half-close), so that
+    // it closes too and our reader sees the end.
+    w.shutdown().await
 }
 
 async fn read_trunk<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(

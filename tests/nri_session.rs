@@ -1,0 +1,303 @@
+//! The plugin's whole NRI session over a real unix socket pair, with the test playing the
+//! runtime through the same multiplexer and ttrpc stack: registration, configure, split
+//! synchronize with messages far larger than one frame, create/remove, refusals, and the
+//! StateChange form older runtimes use. (The real runtimes are exercised by `make e2e`.)
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use gpushare::gpu::devices::{DeviceNode, DeviceSet};
+use gpushare::gpu::{Inventory, sim};
+use gpushare::node::{Node, NodeState};
+use gpushare::nri::api::nri_api::*;
+use gpushare::nri::api::nri_api_ttrpc::{PluginClient, Runtime, create_runtime};
+use gpushare::nri::mux::{Mux, PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN};
+use gpushare::nri::plugin::{Registration, serve_connection};
+use gpushare::request::{ASSIGNMENT_ANNOTATION, RequestPolicy};
+use gpushare::{adjust::AdjustOptions, request::MemoryUnit};
+use tokio::net::UnixStream;
+use tokio::sync::mpsc;
+use ttrpc::r#async::transport::{Listener, Socket};
+
+struct FakeRuntime(mpsc::UnboundedSender<RegisterPluginRequest>);
+
+#[async_trait]
+impl Runtime for FakeRuntime {
+    async fn register_plugin(
+        &self,
+        _ctx: &ttrpc::r#async::TtrpcContext,
+        req: RegisterPluginRequest,
+    ) -> ttrpc::Result<Empty> {
+        self.0.send(req).unwrap();
+        Ok(Empty::default())
+    }
+}
+
+fn node_state() -> NodeState {
+    let node = |p: &str, maj, min| DeviceNode {
+        path: p.into(),
+        major: maj,
+        minor: min,
+        file_mode: 0o666,
+    };
+    NodeState {
+        node_name: "test-node".into(),
+        inventory: Inventory::new(sim::inventory(&sim::SimConfig::default(), "test-node")),
+        devices: DeviceSet {
+            gpus: (0..4u32)
+                .map(|m| (m, node(&format!("/dev/nvidia{m}"), 195, m as i64)))
+                .collect::<BTreeMap<_, _>>(),
+            ctl: Some(node("/dev/nvidiactl", 195, 255)),
+            uvm: Some(node("/dev/nvidia-uvm", 511, 0)),
+            uvm_tools: Some(node("/dev/nvidia-uvm-tools", 511, 1)),
+        },
+        policy: RequestPolicy::default(),
+        adjust: AdjustOptions {
+            cdi: false,
+            memory_unit: MemoryUnit::GiB,
+        },
+    }
+}
+
+fn pod(id: &str, assignment: Option<String>) -> PodSandbox {
+    let mut annotations = HashMap::new();
+    if let Some(a) = assignment {
+        annotations.insert(ASSIGNMENT_ANNOTATION.to_string(), a);
+    }
+    PodSandbox {
+        id: id.into(),
+        name: format!("pod-{id}"),
+        uid: format!("uid-{id}"),
+        namespace: "default".into(),
+        annotations,
+        ..Default::default()
+    }
+}
+
+fn ctr(id: &str, pod: &str, granted_mem: Option<&str>, granted_core: Option<&str>) -> Container {
+    let mut annotations = HashMap::new();
+    if let Some(m) = granted_mem {
+        annotations.insert("gpushare.io/granted-mem".to_string(), m.to_string());
+    }
+    if let Some(c) = granted_core {
+        annotations.insert("gpushare.io/granted-core".to_string(), c.to_string());
+    }
+    Container {
+        id: id.into(),
+        pod_sandbox_id: pod.into(),
+        name: "main".into(),
+        annotations,
+        state: ContainerState::CONTAINER_RUNNING.into(),
+        linux: Some(LinuxContainer {
+            cgroups_path: format!("/k8s/{id}"),
+            ..Default::default()
+        })
+        .into(),
+        ..Default::default()
+    }
+}
+
+fn assignment(gpu: u32, mem: u64, core: u32) -> String {
+    format!(
+        r#"{{"version":1,"containers":{{"main":[{{"gpuIndex":{gpu},"memoryMiB":{mem},"corePercent":{core}}}]}}}}"#
+    )
+}
+
+fn ctx() -> ttrpc::context::Context {
+    ttrpc::context::with_timeout(Duration::from_secs(5).as_nanos() as i64)
+}
+
+#[tokio::test]
+async fn full_session_over_the_multiplexer() {
+    let (plugin_end, runtime_end) = UnixStream::pair().unwrap();
+    let node = Arc::new(Node::new(node_state()));
+    let reg = Registration {
+        name: "gpushare".into(),
+        index: "10".into(),
+    };
+    let plugin_task = {
+        let node = node.clone();
+        tokio::spawn(async move { serve_connection(plugin_end, &reg, node).await })
+    };
+
+    // The runtime side: serve Runtime on connection 2, call Plugin on connection 1.
+    let mut mux = Mux::start(runtime_end, &[PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN]);
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let rt_conn = mux.take(RUNTIME_SERVICE_CONN).unwrap();
+    let accepted = futures::stream::once(async move { Ok::<_, std::io::Error>(rt_conn) })
+        .chain(futures::stream::pending());
+    let mut server = ttrpc::r#async::Server::new()
+        .add_listener(Listener::new(accepted))
+        .register_service(create_runtime(Arc::new(FakeRuntime(tx))));
+    server.start().await.unwrap();
+    let plugin = PluginClient::new(ttrpc::r#async::Client::new(Socket::new(
+        mux.take(PLUGIN_SERVICE_CONN).unwrap(),
+    )));
+
+    let registered = tokio::time::timeout(Duration::from_secs(5), rx.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (registered.plugin_name.as_str(), registered.plugin_idx.as_str()),
+        ("gpushare", "10")
+    );
+
+    let conf = plugin
+        .configure(ctx(), &ConfigureRequest::default())
+        .await
+        .unwrap();
+    // CreateContainer(4), StartContainer(6), UpdateContainer(8), StopContainer(10),
+    // RemoveContainer(11): bits 3, 5, 7, 9, 10.
+    assert_eq!(conf.events, (1 << 3) | (1 << 5) | (1 << 7) | (1 << 9) | (1 << 10));
+
+    // Split synchronize; the first chunk carries ~2 MiB of annotations (hundreds of frames).
+    let mut big = pod("p1", Some(assignment(1, 2048, 30)));
+    big.annotations
+        .insert("example.com/bulk".into(), "x".repeat(2 << 20));
+    let chunk1 = SynchronizeRequest {
+        pods: vec![big, pod("p2", Some(assignment(2, 4096, 50)))],
+        containers: vec![ctr("c1", "p1", Some("2"), Some("30"))],
+        more: true,
+        ..Default::default()
+    };
+    let r = plugin.synchronize(ctx(), &chunk1).await.unwrap();
+    assert!(r.more, "chunk answers echo more");
+    assert!(
+        node.registry.snapshot().is_empty(),
+        "registry waits for the last chunk"
+    );
+    let chunk2 = SynchronizeRequest {
+        pods: vec![pod("p2", Some(assignment(2, 4096, 50)))],
+        containers: vec![ctr("c2", "p2", Some("4"), Some("50"))],
+        more: false,
+        ..Default::default()
+    };
+    let r = plugin.synchronize(ctx(), &chunk2).await.unwrap();
+    assert!(!r.more);
+    let ids: Vec<String> = node
+        .registry
+        .snapshot()
+        .into_iter()
+        .map(|r| r.id)
+        .collect();
+    assert_eq!(ids, ["c1", "c2"]);
+
+    // A GPU container gets its GPU only.
+    let p3 = pod("p3", Some(assignment(1, 3072, 40)));
+    let resp = plugin
+        .create_container(
+            ctx(),
+            &CreateContainerRequest {
+                pod: Some(p3.clone()).into(),
+                container: Some(ctr("c3", "p3", Some("3"), Some("40"))).into(),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    let devices: Vec<String> = resp
+        .adjust
+        .linux
+        .devices
+        .iter()
+        .map(|d| d.path.clone())
+        .collect();
+    assert_eq!(
+        devices,
+        [
+            "/dev/nvidia1",
+            "/dev/nvidiactl",
+            "/dev/nvidia-uvm",
+            "/dev/nvidia-uvm-tools"
+        ]
+    );
+    let env: HashMap<String, String> = resp
+        .adjust
+        .env
+        .iter()
+        .map(|kv| (kv.key.clone(), kv.value.clone()))
+        .collect();
+    assert_eq!(env["GPUSHARE_GPU_CORE_PERCENT"], "40");
+    assert_eq!(env["GPUSHARE_GPU_MEMORY_MIB"], "3072");
+    assert_eq!(node.registry.committed(1, "").core_percent, 70);
+
+    // Over-commit of GPU 1's compute (30 + 40 held, 40 more asked) is refused, by name.
+    let err = plugin
+        .create_container(
+            ctx(),
+            &CreateContainerRequest {
+                pod: Some(pod("p4", Some(assignment(1, 1024, 40)))).into(),
+                container: Some(ctr("c4", "p4", Some("1"), Some("40"))).into(),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("GPU 1 compute would be over-committed: 70% held by 2 container(s)"),
+        "{err}"
+    );
+
+    // A container without GPU requests is passed through untouched.
+    let resp = plugin
+        .create_container(
+            ctx(),
+            &CreateContainerRequest {
+                pod: Some(pod("p5", None)).into(),
+                container: Some(ctr("c5", "p5", None, None)).into(),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(resp.adjust.into_option(), None);
+
+    // Removal through the StateChange form (NRI v0.8 runtimes) and the per-event RPC.
+    plugin
+        .state_change(
+            ctx(),
+            &StateChangeEvent {
+                event: Event::REMOVE_CONTAINER.into(),
+                pod: Some(p3).into(),
+                container: Some(ctr("c3", "p3", None, None)).into(),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    plugin
+        .remove_container(
+            ctx(),
+            &RemoveContainerRequest {
+                pod: Some(pod("p1", None)).into(),
+                container: Some(ctr("c1", "p1", None, None)).into(),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    let ids: Vec<String> = node
+        .registry
+        .snapshot()
+        .into_iter()
+        .map(|r| r.id)
+        .collect();
+    assert_eq!(ids, ["c2"]);
+
+    // The runtime goes away: the plugin's session ends with the reason.
+    server.shutdown().await.unwrap();
+    drop(plugin);
+    drop(mux);
+    let reason = tokio::time::timeout(Duration::from_secs(10), plugin_task)
+        .await
+        .expect("session ends when the runtime closes")
+        .unwrap()
+        .unwrap();
+    assert!(!reason.is_empty());
+}
+
+use futures::StreamExt as _;
