@@ -1,0 +1,669 @@
+# shellcheck shell=bash
+# End-to-end test library: real containerd + crictl + runc in throwaway roots,
+# with NRI enabled. Source it (`source tests/e2e/lib.sh`); it does not change
+# shell options, and every function works under `set -euo pipefail`.
+#
+# Requirements: root, runc on PATH (Debian `runc`), busybox-static, GNU tar,
+# jq, sha256sum, go (only to build missing peers). Works on cgroup v1 and v2.
+#
+# Typical use:
+#   source tests/e2e/lib.sh
+#   root=$(mktemp -d /tmp/gpushare-e2e.XXXXXX)
+#   trap e2e_stop_containerd EXIT
+#   e2e_start_containerd 2 "$root"
+#   e2e_pod_json p1 uid-p1 '{}' >"$root/pod.json"
+#   e2e_ctr_json c1 '{"gpushare/x":"y"}' >"$root/ctr.json"
+#   ctr_id=$(e2e_run_pod_with_container "$root/pod.json" "$root/ctr.json")
+#   pod_id=$(e2e_last_pod_id)
+#   e2e_check "exec works" e2e_crictl exec "$ctr_id" ls /dev
+#   e2e_summary
+#
+# Public functions (see each for details):
+#   e2e_build_peers                         build missing containerd/crictl peers
+#   e2e_build_images                        build (cached) image tarballs
+#   e2e_start_containerd VERSION ROOT       VERSION: 2 | 1.7
+#   e2e_restart_containerd                  SIGTERM + start again, same ROOT
+#   e2e_stop_containerd                     full teardown; EXIT-trap safe, idempotent
+#   e2e_crictl ARGS...                      crictl against the current instance
+#   e2e_ctr ARGS...                         ctr -n k8s.io against the current instance
+#   e2e_pod_json NAME UID ANNOTATIONS_JSON [EXTRA_JSON]
+#   e2e_ctr_json NAME ANNOTATIONS_JSON [EXTRA_JSON]
+#   e2e_run_pod_with_container POD_JSON CTR_JSON   prints container id
+#   e2e_last_pod_id                         pod id of the last e2e_run_pod_with_container
+#   e2e_check DESC CMD...   e2e_check_fail DESC CMD...   e2e_require DESC CMD...
+#   e2e_summary                             prints "N passed, M failed"
+
+# ------------------------------------------------------------ constants ----
+E2E_LIB_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+E2E_REPO=$(cd "$E2E_LIB_DIR/../.." && pwd)
+E2E_PEERS_DIR=${E2E_PEERS_DIR:-$E2E_REPO/target/peers}
+E2E_IMAGES_DIR=${E2E_IMAGES_DIR:-$E2E_REPO/target/e2e-images}
+
+E2E_CONTAINERD2_VERSION=2.4.2
+E2E_CONTAINERD17_VERSION=1.7.35
+E2E_CRICTL_VERSION=1.37.0
+E2E_CRICTL=$E2E_PEERS_DIR/crictl-$E2E_CRICTL_VERSION/crictl
+
+E2E_PAUSE_IMAGE=docker.io/gpushare/pause:e2e
+E2E_BUSYBOX_IMAGE=docker.io/gpushare/busybox:e2e
+# PID 1 of the pause image: exits 0 on TERM/INT so StopPodSandbox is quick.
+E2E_PAUSE_CMD=(/bin/sh -c 'trap "exit 0" TERM INT; while :; do sleep 3600 & wait; done')
+E2E_BUSYBOX_CMD=(/bin/sh)
+
+E2E_GO_TAGS="no_btrfs no_devmapper no_zfs"
+# Seconds to wait for containerd to answer `crictl info` after (re)start.
+E2E_READY_TIMEOUT=${E2E_READY_TIMEOUT:-60}
+# Log level of containerd (ROOT/containerd.log).
+E2E_CONTAINERD_LOG_LEVEL=${E2E_CONTAINERD_LOG_LEVEL:-info}
+
+# Check counters (e2e_check / e2e_summary).
+E2E_PASSED=${E2E_PASSED:-0}
+E2E_FAILED=${E2E_FAILED:-0}
+
+e2e_log() { echo "e2e: $*" >&2; }
+
+# Directory holding containerd, ctr and containerd-shim-runc-v2 for VERSION.
+e2e_containerd_dir() { # VERSION (2 | 1.7)
+    case $1 in
+    2 | 2.*) echo "$E2E_PEERS_DIR/containerd-$E2E_CONTAINERD2_VERSION" ;;
+    1.7 | 1.7.*) echo "$E2E_PEERS_DIR/containerd-$E2E_CONTAINERD17_VERSION" ;;
+    *)
+        e2e_log "unknown containerd version '$1' (want 2 or 1.7)"
+        return 1
+        ;;
+    esac
+}
+
+# ---------------------------------------------------------------- peers ----
+_e2e_have_all() { # DIR BIN...
+    local d=$1 b
+    shift
+    for b in "$@"; do [[ -x $d/$b ]] || return 1; done
+}
+
+# e2e_build_peers: `go install` whichever of containerd 2.x, containerd 1.7 and
+# crictl is missing under target/peers/. Prints what it builds (stderr).
+e2e_build_peers() {
+    local d
+    local bins=(containerd ctr containerd-shim-runc-v2)
+    d=$E2E_PEERS_DIR/containerd-$E2E_CONTAINERD2_VERSION
+    if ! _e2e_have_all "$d" "${bins[@]}"; then
+        e2e_log "building containerd $E2E_CONTAINERD2_VERSION into $d"
+        mkdir -p "$d"
+        (cd "$E2E_REPO" && CGO_ENABLED=0 GOBIN=$d go install -buildvcs=false \
+            -tags "$E2E_GO_TAGS" \
+            "github.com/containerd/containerd/v2/cmd/containerd@v$E2E_CONTAINERD2_VERSION" \
+            "github.com/containerd/containerd/v2/cmd/ctr@v$E2E_CONTAINERD2_VERSION" \
+            "github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2@v$E2E_CONTAINERD2_VERSION") ||
+            return 1
+    fi
+    d=$E2E_PEERS_DIR/containerd-$E2E_CONTAINERD17_VERSION
+    if ! _e2e_have_all "$d" "${bins[@]}"; then
+        # `go install ...@v1.7.x` is refused (exclude directives in its go.mod),
+        # so build from the pinned wrapper module.
+        e2e_log "building containerd $E2E_CONTAINERD17_VERSION into $d"
+        mkdir -p "$d"
+        (cd "$E2E_REPO/tests/peers/containerd17" && CGO_ENABLED=0 GOBIN=$d go install \
+            -buildvcs=false -tags "$E2E_GO_TAGS" \
+            github.com/containerd/containerd/cmd/containerd \
+            github.com/containerd/containerd/cmd/containerd-shim-runc-v2 \
+            github.com/containerd/containerd/cmd/ctr) || return 1
+    fi
+    if [[ ! -x $E2E_CRICTL ]]; then
+        d=$(dirname "$E2E_CRICTL")
+        e2e_log "building crictl $E2E_CRICTL_VERSION into $d"
+        mkdir -p "$d"
+        (cd "$E2E_REPO" && CGO_ENABLED=0 GOBIN=$d go install -buildvcs=false \
+            "sigs.k8s.io/cri-tools/cmd/crictl@v$E2E_CRICTL_VERSION") || return 1
+    fi
+}
+
+# --------------------------------------------------------------- images ----
+# e2e_build_images: make sure the pause and busybox OCI tarballs exist; sets
+# E2E_PAUSE_TAR and E2E_BUSYBOX_TAR. Cached under target/e2e-images/, keyed on
+# the busybox binary, mkimage.sh and the image name/cmd, so reruns are instant.
+e2e_build_images() {
+    local busybox=${BUSYBOX:-/bin/busybox} key
+    if [[ ! -x $busybox ]]; then
+        e2e_log "$busybox missing (apt-get install busybox-static)"
+        return 1
+    fi
+    key=$({ sha256sum "$busybox" "$E2E_LIB_DIR/mkimage.sh" | cut -d' ' -f1; }) || return 1
+    E2E_PAUSE_TAR=$(_e2e_image_tar "$key" pause "$E2E_PAUSE_IMAGE" "${E2E_PAUSE_CMD[@]}") || return 1
+    E2E_BUSYBOX_TAR=$(_e2e_image_tar "$key" busybox "$E2E_BUSYBOX_IMAGE" "${E2E_BUSYBOX_CMD[@]}") || return 1
+    export E2E_PAUSE_TAR E2E_BUSYBOX_TAR
+}
+
+_e2e_image_tar() { # KEY SHORTNAME NAME CMD... -> prints tar path
+    local key=$1 short=$2 name=$3 h out
+    shift 3
+    h=$(printf '%s\0' "$key" "$name" "$@" | sha256sum | cut -c1-16)
+    out=$E2E_IMAGES_DIR/$short-$h.tar
+    if [[ ! -s $out ]]; then
+        mkdir -p "$E2E_IMAGES_DIR"
+        "$E2E_LIB_DIR/mkimage.sh" "$out.tmp$$" "$name" "$@" >&2 || {
+            rm -f "$out.tmp$$"
+            return 1
+        }
+        mv -f "$out.tmp$$" "$out"
+        # Drop tarballs of older busybox/mkimage versions.
+        find "$E2E_IMAGES_DIR" -maxdepth 1 -name "$short-*.tar" ! -name "${out##*/}" \
+            -mmin +1 -delete 2>/dev/null || true
+    fi
+    echo "$out"
+}
+
+# ------------------------------------------------------------ containerd ----
+_e2e_write_config() { # VERSION ROOT -> ROOT/config.toml
+    local version=$1 root=$2 runc_opts cfg=$2/config.toml
+    runc_opts="SystemdCgroup = false
+        Root = \"$root/runc\""
+    if [[ -n ${E2E_RUNC:-} ]]; then
+        runc_opts+="
+        BinaryName = \"$E2E_RUNC\""
+    fi
+    case $version in
+    2 | 2.*)
+        cat >"$cfg" <<EOF
+# generated by tests/e2e/lib.sh (containerd $E2E_CONTAINERD2_VERSION)
+version = 3
+root = "$root/root"
+state = "$root/state"
+
+[grpc]
+  address = "$root/containerd.sock"
+
+[debug]
+  level = "$E2E_CONTAINERD_LOG_LEVEL"
+
+[plugins."io.containerd.internal.v1.opt"]
+  path = "$root/opt"
+
+[plugins."io.containerd.nri.v1.nri"]
+  disable = false
+  socket_path = "$root/nri/nri.sock"
+  plugin_path = "$root/nri/plugins"
+  plugin_config_path = "$root/nri/conf.d"
+
+# ctr's default (transfer service) import only unpacks for snapshotters listed
+# here; the built-in default lists overlayfs only.
+[plugins."io.containerd.transfer.v1.local"]
+  [[plugins."io.containerd.transfer.v1.local".unpack_config]]
+    platform = "linux/amd64"
+    snapshotter = "native"
+    differ = "walking"
+
+[plugins."io.containerd.cri.v1.images"]
+  snapshotter = "native"
+  [plugins."io.containerd.cri.v1.images".pinned_images]
+    sandbox = "$E2E_PAUSE_IMAGE"
+
+[plugins."io.containerd.cri.v1.runtime"]
+  # Clamp oom_score_adj (pause: -998) to containerd's own: lowering it needs
+  # CAP_SYS_RESOURCE, which sandboxed CI hosts may lack (runc then fails with
+  # "can't get final child's PID from pipe: EOF").
+  restrict_oom_score_adj = true
+  [plugins."io.containerd.cri.v1.runtime".containerd]
+    default_runtime_name = "runc"
+    [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      snapshotter = "native"
+      [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc.options]
+        $runc_opts
+  [plugins."io.containerd.cri.v1.runtime".cni]
+    bin_dirs = ["$root/cni/bin"]
+    conf_dir = "$root/cni/net.d"
+EOF
+        ;;
+    1.7 | 1.7.*)
+        cat >"$cfg" <<EOF
+# generated by tests/e2e/lib.sh (containerd $E2E_CONTAINERD17_VERSION)
+version = 2
+root = "$root/root"
+state = "$root/state"
+
+[grpc]
+  address = "$root/containerd.sock"
+
+[debug]
+  level = "$E2E_CONTAINERD_LOG_LEVEL"
+
+[plugins."io.containerd.internal.v1.opt"]
+  path = "$root/opt"
+
+[plugins."io.containerd.nri.v1.nri"]
+  disable = false
+  socket_path = "$root/nri/nri.sock"
+  plugin_path = "$root/nri/plugins"
+  plugin_config_path = "$root/nri/conf.d"
+
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "$E2E_PAUSE_IMAGE"
+  # See the 2.x config: lowering oom_score_adj needs CAP_SYS_RESOURCE.
+  restrict_oom_score_adj = true
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "native"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        $runc_opts
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "$root/cni/bin"
+    conf_dir = "$root/cni/net.d"
+EOF
+        ;;
+    *)
+        e2e_log "unknown containerd version '$version' (want 2 or 1.7)"
+        return 1
+        ;;
+    esac
+}
+
+_e2e_write_crictl_config() { # ROOT
+    cat >"$1/crictl.yaml" <<EOF
+runtime-endpoint: unix://$1/containerd.sock
+image-endpoint: unix://$1/containerd.sock
+timeout: 20
+debug: false
+pull-image-on-create: false
+disable-pull-on-run: true
+EOF
+}
+
+# Launch containerd for the current E2E_* settings and wait until CRI answers.
+_e2e_launch_containerd() {
+    local dir bin pid deadline
+    dir=$(e2e_containerd_dir "$E2E_CONTAINERD_VERSION") || return 1
+    bin=$dir/containerd
+    {
+        echo
+        echo "===== e2e: starting $bin at $(date -u +%FT%TZ) ====="
+    } >>"$E2E_ROOT/containerd.log"
+    # The shim is looked up on PATH: put this version's own shim first; runc
+    # comes from the system PATH (/usr/sbin on Debian) unless E2E_RUNC is set.
+    PATH="$dir:$PATH:/usr/local/sbin:/usr/sbin:/sbin" \
+        "$bin" --config "$E2E_ROOT/config.toml" \
+        </dev/null >>"$E2E_ROOT/containerd.log" 2>&1 &
+    pid=$!
+    E2E_CONTAINERD_PID=$pid
+    echo "$pid" >"$E2E_ROOT/containerd.pid"
+    export E2E_CONTAINERD_PID
+
+    deadline=$((SECONDS + E2E_READY_TIMEOUT))
+    while :; do
+        if ! _e2e_alive "$pid"; then
+            wait "$pid" 2>/dev/null || true
+            e2e_log "containerd (pid $pid) exited during startup; log tail:"
+            tail -n 40 "$E2E_ROOT/containerd.log" >&2
+            return 1
+        fi
+        if [[ -S $E2E_CONTAINERD_SOCK ]] &&
+            "$E2E_CRICTL" --config "$E2E_ROOT/crictl.yaml" \
+                --runtime-endpoint "unix://$E2E_CONTAINERD_SOCK" \
+                --image-endpoint "unix://$E2E_CONTAINERD_SOCK" \
+                --timeout 2s info >/dev/null 2>&1; then
+            break
+        fi
+        if ((SECONDS >= deadline)); then
+            e2e_log "containerd not ready after ${E2E_READY_TIMEOUT}s; log tail:"
+            tail -n 40 "$E2E_ROOT/containerd.log" >&2
+            return 1
+        fi
+        sleep 0.2
+    done
+}
+
+# True while PID runs and is not a zombie.
+_e2e_alive() {
+    local st
+    [[ -r /proc/$1/stat ]] || return 1
+    st=$(cut -d' ' -f3 "/proc/$1/stat" 2>/dev/null) || return 1
+    [[ -n $st && $st != Z && $st != X ]]
+}
+
+# SIGTERM containerd, wait (then SIGKILL after TIMEOUT seconds).
+_e2e_kill_containerd() { # [TIMEOUT]
+    local pid=${E2E_CONTAINERD_PID:-} timeout=${1:-20} deadline
+    if [[ -z $pid && -n ${E2E_ROOT:-} && -r $E2E_ROOT/containerd.pid ]]; then
+        pid=$(<"$E2E_ROOT/containerd.pid")
+    fi
+    [[ -n $pid ]] || return 0
+    if _e2e_alive "$pid" && _e2e_is_our_containerd "$pid"; then
+        kill -TERM "$pid" 2>/dev/null || true
+        deadline=$((SECONDS + timeout))
+        while _e2e_alive "$pid" && ((SECONDS < deadline)); do sleep 0.1; done
+        if _e2e_alive "$pid"; then
+            e2e_log "containerd (pid $pid) ignored SIGTERM for ${timeout}s; killing"
+            kill -KILL "$pid" 2>/dev/null || true
+            while _e2e_alive "$pid"; do sleep 0.1; done
+        fi
+    fi
+    wait "$pid" 2>/dev/null || true # reap if it is our child
+    E2E_CONTAINERD_PID=
+    rm -f "$E2E_ROOT/containerd.pid"
+}
+
+# Is PID a containerd started with ROOT/config.toml?
+_e2e_is_our_containerd() {
+    local cmdline
+    cmdline=$(tr '\0' ' ' 2>/dev/null <"/proc/$1/cmdline") || return 1
+    [[ $cmdline == *"--config $E2E_ROOT/config.toml"* ]]
+}
+
+# e2e_start_containerd VERSION ROOT
+#   VERSION: 2 (containerd 2.4.2) or 1.7 (containerd 1.7.35). ROOT: an empty
+#   (or not yet existing) scratch directory, owned by this instance until
+#   e2e_stop_containerd deletes it. Keep the path short (unix sockets live in
+#   it; the limit is 107 bytes). Builds missing peers/images, writes
+#   ROOT/config.toml and ROOT/crictl.yaml, starts containerd (log:
+#   ROOT/containerd.log), waits for `crictl info`, imports the pause and
+#   busybox images into the k8s.io namespace (snapshotter native).
+#   Must run in the main shell (not in $(...)) so the exports stick.
+#   Refuses (returns 1) if this shell already runs an instance.
+#   Exports E2E_ROOT E2E_CONTAINERD_VERSION E2E_CONTAINERD_DIR
+#   E2E_CONTAINERD_SOCK E2E_NRI_SOCK E2E_NRI_PLUGIN_DIR E2E_NRI_CONF_DIR
+#   E2E_CONTAINERD_PID E2E_CONTAINERD_LOG E2E_LOG_DIR E2E_CGROUP_BASE.
+e2e_start_containerd() {
+    local version=${1:-} root=${2:-} dir tar
+    if [[ $# -ne 2 || -z $version || -z $root ]]; then
+        e2e_log "usage: e2e_start_containerd VERSION ROOT"
+        return 2
+    fi
+    if [[ $(id -u) -ne 0 ]]; then
+        e2e_log "e2e tests need root"
+        return 1
+    fi
+    command -v runc >/dev/null 2>&1 || [[ -x /usr/sbin/runc || -n ${E2E_RUNC:-} ]] || {
+        e2e_log "runc not found (apt-get install runc)"
+        return 1
+    }
+    if [[ -n ${E2E_CONTAINERD_PID:-} ]] && _e2e_alive "$E2E_CONTAINERD_PID"; then
+        e2e_log "containerd already running (pid $E2E_CONTAINERD_PID, root ${E2E_ROOT:-?});" \
+            "call e2e_stop_containerd first"
+        return 1
+    fi
+    dir=$(e2e_containerd_dir "$version") || return 1
+    e2e_build_peers || return 1
+    e2e_build_images || return 1
+
+    mkdir -p "$root" || return 1
+    root=$(cd "$root" && pwd -P) || return 1
+    if ((${#root} > 60)); then
+        e2e_log "warning: ROOT '$root' is long; unix socket paths may exceed 107 bytes"
+    fi
+    touch "$root/.gpushare-e2e-root" # marks ROOT as ours for e2e_stop_containerd
+    mkdir -p "$root"/{root,state,opt,runc,nri/plugins,nri/conf.d,cni/bin,cni/net.d,logs}
+
+    export E2E_ROOT=$root
+    export E2E_CONTAINERD_VERSION=$version
+    export E2E_CONTAINERD_DIR=$dir
+    export E2E_CONTAINERD_SOCK=$root/containerd.sock
+    export E2E_CONTAINERD_LOG=$root/containerd.log
+    export E2E_NRI_SOCK=$root/nri/nri.sock
+    export E2E_NRI_PLUGIN_DIR=$root/nri/plugins
+    export E2E_NRI_CONF_DIR=$root/nri/conf.d
+    export E2E_LOG_DIR=$root/logs
+    export E2E_CGROUP_BASE=/gpushare-e2e/${root##*/}
+    export E2E_CONTAINERD_PID=
+
+    _e2e_write_config "$version" "$root" || return 1
+    _e2e_write_crictl_config "$root"
+    _e2e_launch_containerd || return 1
+
+    for tar in "$E2E_PAUSE_TAR" "$E2E_BUSYBOX_TAR"; do
+        # The name comes from the io.containerd.image.name annotation of the
+        # index (kept as-is by both 1.7's local import and 2.x's transfer
+        # service import when no --base-name is given).
+        if ! e2e_ctr images import --snapshotter native --platform linux/amd64 \
+            "$tar" >"$root/import.log" 2>&1; then
+            e2e_log "importing $tar failed:"
+            cat "$root/import.log" >&2
+            return 1
+        fi
+    done
+    # CRI learns about imported images from events; give it a moment.
+    local img tries
+    for img in "$E2E_PAUSE_IMAGE" "$E2E_BUSYBOX_IMAGE"; do
+        tries=0
+        until e2e_crictl inspecti "$img" >/dev/null 2>&1; do
+            if ((++tries > 50)); then
+                e2e_log "image $img not visible to CRI after import"
+                return 1
+            fi
+            sleep 0.1
+        done
+    done
+    e2e_log "containerd $version up (pid $E2E_CONTAINERD_PID, root $root)"
+}
+
+# e2e_restart_containerd: SIGTERM containerd, wait for it to exit, start it
+# again with the same config and root, wait for readiness. Shims and the
+# containers they run keep running across the restart.
+e2e_restart_containerd() {
+    [[ -n ${E2E_ROOT:-} && -f $E2E_ROOT/config.toml ]] || {
+        e2e_log "e2e_restart_containerd: no containerd started"
+        return 1
+    }
+    _e2e_kill_containerd 20
+    _e2e_launch_containerd || return 1
+    e2e_log "containerd restarted (pid $E2E_CONTAINERD_PID)"
+}
+
+# PIDs of shims started by this instance (their -address is our socket).
+_e2e_our_shims() {
+    local p cmd
+    for p in /proc/[0-9]*; do
+        cmd=$(tr '\0' ' ' 2>/dev/null <"$p/cmdline") || continue
+        case $cmd in
+        *containerd-shim*"-address $E2E_CONTAINERD_SOCK "*) echo "${p#/proc/}" ;;
+        esac
+    done
+}
+
+# e2e_stop_containerd: remove all pods, stop containerd, kill leftover shims
+# and containers of this ROOT, unmount everything under ROOT, delete ROOT.
+# Safe from an EXIT trap, safe to call twice, never fails (returns 0).
+e2e_stop_containerd() {
+    local root=${E2E_ROOT:-} pid ns id m
+    [[ -n $root && -d $root && -f $root/.gpushare-e2e-root ]] || return 0
+    [[ $root != / ]] || return 0
+    {
+        if [[ -n ${E2E_CONTAINERD_PID:-} ]] && _e2e_alive "$E2E_CONTAINERD_PID"; then
+            timeout 60 "$E2E_CRICTL" --config "$root/crictl.yaml" \
+                --runtime-endpoint "unix://$E2E_CONTAINERD_SOCK" \
+                --image-endpoint "unix://$E2E_CONTAINERD_SOCK" \
+                --timeout 20s rmp -fa >/dev/null 2>&1 || true
+        fi
+        _e2e_kill_containerd 20 || true
+        # Leftover containers: runc state lives in ROOT/runc/<namespace>.
+        for ns in "$root"/runc/*/; do
+            [[ -d $ns ]] || continue
+            for id in "$ns"*/; do
+                [[ -d $id ]] || continue
+                id=$(basename "$id")
+                timeout 20 "${E2E_RUNC:-runc}" --root "${ns%/}" delete --force "$id" \
+                    >/dev/null 2>&1 || true
+            done
+        done
+        for pid in $(_e2e_our_shims); do
+            kill -KILL "$pid" 2>/dev/null || true
+        done
+        # Unmount deepest first.
+        for _ in 1 2 3; do
+            m=$(awk -v r="$root/" 'index($5, r) == 1 { print $5 }' /proc/self/mountinfo |
+                awk '{ print length($0) " " $0 }' | sort -rn | cut -d' ' -f2-)
+            [[ -n $m ]] || break
+            while IFS= read -r m; do
+                umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || true
+            done <<<"$m"
+        done
+        # Pod cgroups (e2e_pod_json puts pods under E2E_CGROUP_BASE): runc
+        # removes container leaves only.
+        if [[ -n ${E2E_CGROUP_BASE:-} ]]; then
+            for m in /sys/fs/cgroup"$E2E_CGROUP_BASE" /sys/fs/cgroup/*"$E2E_CGROUP_BASE"; do
+                [[ -d $m ]] || continue
+                find "$m" -depth -type d -exec rmdir {} + 2>/dev/null || true
+                rmdir "${m%/*}" 2>/dev/null || true # .../gpushare-e2e when empty
+            done
+        fi
+        rm -rf --one-file-system "$root" 2>/dev/null ||
+            e2e_log "warning: could not fully remove $root"
+    } || true
+    E2E_CONTAINERD_PID=
+    return 0
+}
+
+# ----------------------------------------------------------------- CLIs ----
+# e2e_crictl ARGS...: crictl against the current instance (20s timeout, never
+# pulls).
+e2e_crictl() {
+    "$E2E_CRICTL" --config "$E2E_ROOT/crictl.yaml" \
+        --runtime-endpoint "unix://$E2E_CONTAINERD_SOCK" \
+        --image-endpoint "unix://$E2E_CONTAINERD_SOCK" \
+        --timeout 20s "$@"
+}
+
+# e2e_ctr ARGS...: ctr (same version as the daemon) in namespace k8s.io.
+e2e_ctr() {
+    "$E2E_CONTAINERD_DIR/ctr" --address "$E2E_CONTAINERD_SOCK" --namespace k8s.io "$@"
+}
+
+# ------------------------------------------------------------ CRI JSON ----
+# e2e_pod_json NAME UID ANNOTATIONS_JSON [EXTRA_JSON] > file
+#   Host-network pod sandbox config in namespace "default" (network NODE=2,
+#   pid CONTAINER=1 like kubelet's default, ipc POD), logs under
+#   E2E_LOG_DIR/NAME_UID, kubelet-style cgroupfs parent
+#   E2E_CGROUP_BASE/podUID (removed by e2e_stop_containerd). EXTRA_JSON is
+#   deep-merged last (jq `*`), e.g. '{"labels":{"a":"b"}}'.
+e2e_pod_json() {
+    local name=$1 uid=$2 ann=${3:-'{}'} extra=${4:-'{}'}
+    jq -n --arg name "$name" --arg uid "$uid" --arg logdir "$E2E_LOG_DIR/${1}_$2" \
+        --arg cgparent "$E2E_CGROUP_BASE/pod$uid" \
+        --argjson ann "$ann" --argjson extra "$extra" '
+        {
+          metadata: { name: $name, uid: $uid, namespace: "default", attempt: 0 },
+          log_directory: $logdir,
+          annotations: $ann,
+          labels: { "io.kubernetes.pod.name": $name, "io.kubernetes.pod.namespace": "default",
+                    "io.kubernetes.pod.uid": $uid },
+          linux: {
+            cgroup_parent: $cgparent,
+            security_context: { namespace_options: { network: 2, pid: 1 } }
+          }
+        } * $extra'
+}
+
+# e2e_ctr_json NAME ANNOTATIONS_JSON [EXTRA_JSON] > file
+#   Container config: image docker.io/gpushare/busybox:e2e, command
+#   /bin/sleep 3600, log_path NAME.log (relative to the pod's log_directory).
+#   EXTRA_JSON is deep-merged last, e.g. '{"envs":[{"key":"A","value":"1"}]}'
+#   or '{"command":["/bin/sh","-c","..."]}' (arrays are replaced, not merged).
+e2e_ctr_json() {
+    local name=$1 ann=${2:-'{}'} extra=${3:-'{}'}
+    jq -n --arg name "$name" --arg image "$E2E_BUSYBOX_IMAGE" \
+        --argjson ann "$ann" --argjson extra "$extra" '
+        {
+          metadata: { name: $name, attempt: 0 },
+          image: { image: $image },
+          command: ["/bin/sleep", "3600"],
+          log_path: ($name + ".log"),
+          annotations: $ann,
+          linux: {}
+        } * $extra'
+}
+
+# e2e_run_pod_with_container POD_JSON CTR_JSON
+#   runp + create + start. Prints the container id on stdout (only that).
+#   The pod id is written to ROOT/last-pod-id (read it with e2e_last_pod_id;
+#   works even when called inside $(...)) and set in E2E_LAST_POD_ID when
+#   called in the main shell. On failure returns non-zero; crictl's error
+#   (e.g. a CreateContainer rejected by an NRI plugin) is on stderr, and the
+#   pod (if runp succeeded) is left in place for inspection / rmp.
+# shellcheck disable=SC2034 # E2E_LAST_POD_ID is for callers
+e2e_run_pod_with_container() {
+    local pod_json=$1 ctr_json=$2 pod ctr
+    rm -f "$E2E_ROOT/last-pod-id"
+    E2E_LAST_POD_ID=
+    pod=$(e2e_crictl runp "$pod_json") || return 1
+    E2E_LAST_POD_ID=$pod
+    echo "$pod" >"$E2E_ROOT/last-pod-id"
+    ctr=$(e2e_crictl create "$pod" "$ctr_json" "$pod_json") || return 1
+    e2e_crictl start "$ctr" >/dev/null || return 1
+    echo "$ctr"
+}
+
+e2e_last_pod_id() { cat "$E2E_ROOT/last-pod-id"; }
+
+# --------------------------------------------------------------- checks ----
+# e2e_check DESC CMD...: run CMD in the current shell (so functions work and
+# their variable assignments/exports persist) with stdout+stderr captured to a
+# temp file; print "PASS DESC", or "FAIL DESC (exit N)" followed by the
+# captured output indented with "    | ". Always returns 0, so a script under
+# `set -e` keeps going; see e2e_require to stop instead. Note: CMD runs in an
+# `||` context, so `set -e` does not apply inside it; an `exit` inside CMD
+# exits the script.
+e2e_check() {
+    local desc=$1 rc=0 out
+    shift
+    out=$(mktemp "${TMPDIR:-/tmp}/e2e-check.XXXXXX")
+    "$@" >"$out" 2>&1 || rc=$?
+    _e2e_record "$desc" "$rc" "$out" 0 || true
+    rm -f "$out"
+    return 0
+}
+
+# e2e_check_fail DESC CMD...: like e2e_check but passes iff CMD fails.
+e2e_check_fail() {
+    local desc=$1 rc=0 out
+    shift
+    out=$(mktemp "${TMPDIR:-/tmp}/e2e-check.XXXXXX")
+    "$@" >"$out" 2>&1 || rc=$?
+    _e2e_record "$desc" "$rc" "$out" 1 || true
+    rm -f "$out"
+    return 0
+}
+
+# e2e_require DESC CMD...: like e2e_check, but on failure prints the summary
+# and exits the script with status 1 (EXIT traps, e.g. e2e_stop_containerd,
+# run). Use it for steps later checks depend on (e2e_start_containerd ...).
+e2e_require() {
+    local desc=$1 rc=0 out
+    shift
+    out=$(mktemp "${TMPDIR:-/tmp}/e2e-check.XXXXXX")
+    "$@" >"$out" 2>&1 || rc=$?
+    if ! _e2e_record "$desc" "$rc" "$out" 0; then
+        rm -f "$out"
+        e2e_summary || true
+        exit 1
+    fi
+    rm -f "$out"
+}
+
+_e2e_record() { # DESC RC OUTPUT_FILE EXPECT_FAIL
+    local desc=$1 rc=$2 out=$3 expect_fail=$4 ok=0
+    if ((expect_fail)); then
+        if ((rc != 0)); then ok=1; fi
+    elif ((rc == 0)); then
+        ok=1
+    fi
+    if ((ok)); then
+        E2E_PASSED=$((E2E_PASSED + 1))
+        echo "PASS $desc"
+        return 0
+    fi
+    E2E_FAILED=$((E2E_FAILED + 1))
+    if ((expect_fail)); then
+        echo "FAIL $desc (expected failure, got exit 0)"
+    else
+        echo "FAIL $desc (exit $rc)"
+    fi
+    [[ ! -s $out ]] || sed 's/^/    | /' "$out"
+    return 1
+}
+
+# e2e_summary: prints exactly "N passed, M failed"; returns 1 if M > 0.
+e2e_summary() {
+    echo "$E2E_PASSED passed, $E2E_FAILED failed"
+    ((E2E_FAILED == 0))
+}

@@ -1,0 +1,143 @@
+#!/usr/bin/env bash
+# Build a tiny OCI image-layout tarball from the host's static busybox.
+#
+#   tests/e2e/mkimage.sh OUT_TAR NAME CMD...
+#
+#   OUT_TAR  path of the tarball to write (parent dir is created)
+#   NAME     full image reference, e.g. docker.io/gpushare/busybox:e2e; stored
+#            in index.json as the `io.containerd.image.name` annotation (what
+#            `ctr images import` names the image after) and its tag as
+#            `org.opencontainers.image.ref.name`
+#   CMD...   the image config's Cmd (one argv element per argument)
+#
+# The image has a single uncompressed layer: /bin/busybox plus one symlink per
+# applet (`busybox --list`) in /bin, /etc/passwd + /etc/group with root, and
+# empty /tmp /dev /proc /sys /root /usr/bin directories. Output is
+# deterministic (fixed mtime, sorted entries, numeric owner 0) so the same
+# busybox binary always yields the same digests.
+#
+# Environment: BUSYBOX (default /bin/busybox) must be a statically linked
+# busybox (Debian: busybox-static). Needs only bash, tar (GNU), sha256sum,
+# stat, jq.
+set -euo pipefail
+
+if [[ $# -lt 3 ]]; then
+    echo "usage: $0 OUT_TAR NAME CMD..." >&2
+    exit 2
+fi
+
+out=$1
+name=$2
+shift 2
+
+busybox=${BUSYBOX:-/bin/busybox}
+if [[ ! -x $busybox ]]; then
+    echo "mkimage: $busybox not found (apt-get install busybox-static)" >&2
+    exit 1
+fi
+if command -v file >/dev/null 2>&1 \
+    && ! LC_ALL=C file -L "$busybox" | grep -q 'statically linked'; then
+    echo "mkimage: $busybox is not statically linked (need busybox-static)" >&2
+    exit 1
+fi
+
+tag=${name##*:}
+if [[ $tag == "$name" || $tag == */* ]]; then
+    tag=latest
+fi
+
+work=$(mktemp -d "${TMPDIR:-/tmp}/e2e-mkimage.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+
+# Deterministic tar of the current directory's listed members.
+dtar() { # dtar OUT_FILE MEMBERS...
+    local outf=$1
+    shift
+    tar --sort=name --mtime=@0 --owner=0 --group=0 --numeric-owner \
+        --format=gnu --no-acls --no-xattrs --no-selinux -cf "$outf" "$@"
+}
+
+# ---------------------------------------------------------------- rootfs ----
+rootfs=$work/rootfs
+mkdir -p "$rootfs"/{bin,etc,dev,proc,sys,tmp,root,usr/bin}
+cp "$busybox" "$rootfs/bin/busybox"
+chmod 0755 "$rootfs/bin/busybox"
+while IFS= read -r applet; do
+    [[ -n $applet && $applet != busybox && $applet != */* ]] || continue
+    ln -sf busybox "$rootfs/bin/$applet"
+done < <("$busybox" --list)
+[[ -e $rootfs/bin/sh && -e $rootfs/bin/sleep ]] || {
+    echo "mkimage: $busybox lacks sh/sleep applets" >&2
+    exit 1
+}
+printf 'root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n' \
+    >"$rootfs/etc/passwd"
+printf 'root:x:0:\nnogroup:x:65534:\n' >"$rootfs/etc/group"
+chmod 0644 "$rootfs/etc/passwd" "$rootfs/etc/group"
+chmod 0755 "$rootfs"/{bin,etc,dev,proc,sys,usr,usr/bin}
+chmod 0700 "$rootfs/root"
+chmod 1777 "$rootfs/tmp"
+
+layout=$work/layout
+mkdir -p "$layout/blobs/sha256"
+
+# Store a file as a blob; prints "<hex> <size>".
+put_blob() {
+    local f=$1 hex size
+    hex=$(sha256sum "$f" | cut -d' ' -f1)
+    size=$(stat -c %s "$f")
+    mv "$f" "$layout/blobs/sha256/$hex"
+    echo "$hex $size"
+}
+
+(cd "$rootfs" && dtar "$work/layer.tar" bin dev etc proc root sys tmp usr)
+read -r layer_hex layer_size < <(put_blob "$work/layer.tar")
+
+# ---------------------------------------------------------------- config ----
+# (jq keeps parsing options after --args, so build the Cmd array arg by arg.)
+cmd_json=$(for a in "$@"; do jq -n --arg a "$a" '$a'; done | jq -cs .)
+jq -cn --arg diff "sha256:$layer_hex" --argjson cmd "$cmd_json" '
+    {
+      architecture: "amd64",
+      os: "linux",
+      config: { Env: ["PATH=/bin:/usr/bin"], Cmd: $cmd, WorkingDir: "/" },
+      rootfs: { type: "layers", diff_ids: [$diff] },
+      history: [ { created_by: "gpushare tests/e2e/mkimage.sh" } ]
+    }' >"$work/config.json"
+read -r config_hex config_size < <(put_blob "$work/config.json")
+
+# -------------------------------------------------------------- manifest ----
+jq -cn --arg ch "sha256:$config_hex" --argjson cs "$config_size" \
+    --arg lh "sha256:$layer_hex" --argjson ls "$layer_size" '
+    {
+      schemaVersion: 2,
+      mediaType: "application/vnd.oci.image.manifest.v1+json",
+      config: { mediaType: "application/vnd.oci.image.config.v1+json", digest: $ch, size: $cs },
+      layers: [ { mediaType: "application/vnd.oci.image.layer.v1.tar", digest: $lh, size: $ls } ]
+    }' >"$work/manifest.json"
+read -r manifest_hex manifest_size < <(put_blob "$work/manifest.json")
+
+# ----------------------------------------------------------------- index ----
+jq -cn --arg mh "sha256:$manifest_hex" --argjson ms "$manifest_size" \
+    --arg name "$name" --arg tag "$tag" '
+    {
+      schemaVersion: 2,
+      mediaType: "application/vnd.oci.image.index.v1+json",
+      manifests: [ {
+        mediaType: "application/vnd.oci.image.manifest.v1+json",
+        digest: $mh,
+        size: $ms,
+        platform: { architecture: "amd64", os: "linux" },
+        annotations: {
+          "io.containerd.image.name": $name,
+          "org.opencontainers.image.ref.name": $tag
+        }
+      } ]
+    }' >"$layout/index.json"
+printf '{"imageLayoutVersion":"1.0.0"}' >"$layout/oci-layout"
+chmod -R u=rwX,go=rX "$layout"
+
+mkdir -p "$(dirname "$out")"
+(cd "$layout" && dtar "$work/image.tar" oci-layout index.json blobs)
+mv -f "$work/image.tar" "$out"
+echo "mkimage: wrote $out ($name, manifest sha256:$manifest_hex)" >&2

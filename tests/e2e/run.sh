@@ -1,0 +1,209 @@
+#!/usr/bin/env bash
+# End-to-end test of `gpushare node` against real containerd (2.x and 1.7.x), crictl and
+# runc, with simulated GPUs. Needs root. Usage: tests/e2e/run.sh [VERSION...] (default: 2 1.7)
+# Ends with "N passed, M failed"; exits non-zero on any failure.
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+repo=$(cd "$here/../.." && pwd)
+# shellcheck source=tests/e2e/lib.sh
+source "$here/lib.sh"
+
+BIN=${GPUSHARE_BIN:-$repo/target/release/gpushare}
+[[ -x $BIN ]] || { echo "e2e: $BIN not built (cargo build --release)" >&2; exit 1; }
+VERSIONS=("$@")
+((${#VERSIONS[@]})) || VERSIONS=(2 1.7)
+PORT=${GPUSHARE_E2E_PORT:-19402}
+AGENT_PID=
+
+cleanup() {
+    [[ -n $AGENT_PID ]] && kill -9 "$AGENT_PID" 2>/dev/null || true
+    e2e_stop_containerd || true
+}
+trap cleanup EXIT
+
+status() { curl -fsS "http://127.0.0.1:$PORT/$1"; }
+
+wait_healthy() { # wait until the agent is registered with the runtime
+    local i
+    for ((i = 0; i < 100; i++)); do
+        status healthz >/dev/null 2>&1 && return 0
+        sleep 0.1
+    done
+    echo "agent not healthy after 10 s; log tail:" >&2
+    tail -20 "$E2E_ROOT/agent.log" >&2 || true
+    return 1
+}
+
+start_agent() {
+    "$BIN" node --nri-socket "$E2E_NRI_SOCK" --gpu-backend sim --dev-root "$E2E_ROOT/simdev" \
+        --node-name e2e-node --status-listen "127.0.0.1:$PORT" --log-file "$E2E_ROOT/agent.log" &
+    AGENT_PID=$!
+    wait_healthy
+}
+
+kill_agent() {
+    kill -9 "$AGENT_PID" 2>/dev/null || true
+    wait "$AGENT_PID" 2>/dev/null || true
+    AGENT_PID=
+}
+
+gpu_uuid() { status inventory | jq -r ".inventory.gpus[] | select(.index == $1) | .uuid"; }
+
+assignment() { # GPU MEMORY_MIB [CORE]
+    local core=${3:+,\"corePercent\":$3}
+    echo "{\"version\":1,\"containers\":{\"main\":[{\"gpuIndex\":$1,\"memoryMiB\":$2$core}]}}"
+}
+
+# write_pod NAME ASSIGNMENT(or "") GRANT_MEM(or "") GRANT_CORE(or ""): pod and container
+# configs in $E2E_ROOT/NAME.{pod,ctr}.json, as kubelet would send them after the device
+# plugin's Allocate.
+write_pod() {
+    local name=$1 assign=$2 mem=$3 core=$4 pod_ann ctr_ann
+    pod_ann=$(jq -cn --arg a "$assign" 'if $a == "" then {} else {"gpushare.io/assignment": $a} end')
+    ctr_ann=$(jq -cn --arg m "$mem" --arg c "$core" \
+        '(if $m == "" then {} else {"gpushare.io/granted-mem": $m} end) +
+         (if $c == "" then {} else {"gpushare.io/granted-core": $c} end)')
+    e2e_pod_json "$name" "uid-$name" "$pod_ann" >"$E2E_ROOT/$name.pod.json"
+    e2e_ctr_json main "$ctr_ann" '{"labels":{"gpushare-e2e":"'"$name"'"}}' >"$E2E_ROOT/$name.ctr.json"
+}
+
+run_pod() { # NAME → prints container id
+    e2e_run_pod_with_container "$E2E_ROOT/$1.pod.json" "$E2E_ROOT/$1.ctr.json"
+}
+
+in_ctr() { e2e_crictl exec "$1" "${@:2}"; }
+
+only_gpu_node() { # CID WANT: the container's /dev/nvidiaN list is exactly WANT
+    local got
+    got=$(in_ctr "$1" ls /dev | grep -E '^nvidia[0-9]+$' | tr '\n' ' ' | sed 's/ $//' || true)
+    echo "devices: '$got' want: '$2'"
+    [[ $got == "$2" ]]
+}
+
+env_is() { # CID NAME VALUE
+    local got
+    got=$(in_ctr "$1" env | sed -n "s/^$2=//p" || true)
+    echo "$2='$got' want '$3'"
+    [[ $got == "$3" ]]
+}
+
+no_gpu_devices() { # CID
+    ! in_ctr "$1" ls /dev | grep nvidia
+}
+
+no_gpu_env() { # CID
+    ! in_ctr "$1" env | grep -E '^(NVIDIA_|GPUSHARE_|ALIYUN_COM_GPU)'
+}
+
+# create_refused NAME PATTERN: runp succeeds, create fails with PATTERN in the error, and
+# nothing is left behind: no container in the pod, nothing in the agent's registry.
+create_refused() {
+    local name=$1 pattern=$2 pod err rc=0
+    pod=$(e2e_crictl runp "$E2E_ROOT/$name.pod.json")
+    err=$(e2e_crictl create "$pod" "$E2E_ROOT/$name.ctr.json" "$E2E_ROOT/$name.pod.json" 2>&1) || rc=$?
+    echo "$err" | tail -1
+    local left
+    left=$(e2e_crictl ps -a -q --pod "$pod")
+    e2e_crictl rmp -f "$pod" >/dev/null
+    ((rc != 0)) && grep -qF -- "$pattern" <<<"$err" && [[ -z $left ]] &&
+        ! status registry | jq -e --arg p "$name" 'any(.[]; .pod_name == $p)' >/dev/null
+}
+
+registry_matches_crictl() {
+    local reg run
+    reg=$(status registry | jq -r '[.[] | select(.state != "stopped") | .id] | sort | .[]')
+    run=$(for p in gpu1 gpu2 gpu3 gpu4; do e2e_crictl ps -q --label "gpushare-e2e=$p"; done | sort)
+    echo "registry: $(echo $reg) crictl: $(echo $run)"
+    [[ -n $reg && $reg == "$run" ]]
+}
+
+check_gpu_pod() { # NAME GPU MEM_MIB CORE  (pod already written)
+    local name=$1 gpu=$2 mem=$3 core=$4 cid uuid
+    cid=$(run_pod "$name") || { e2e_check "$V: $name created" false; return; }
+    uuid=$(gpu_uuid "$gpu")
+    e2e_check "$V: $name sees /dev/nvidia$gpu and no other GPU" only_gpu_node "$cid" "nvidia$gpu"
+    e2e_check "$V: $name has /dev/nvidiactl and /dev/nvidia-uvm" in_ctr "$cid" ls /dev/nvidiactl /dev/nvidia-uvm /dev/nvidia-uvm-tools
+    e2e_check "$V: $name NVIDIA_VISIBLE_DEVICES is GPU $gpu's UUID" env_is "$cid" NVIDIA_VISIBLE_DEVICES "$uuid"
+    e2e_check "$V: $name GPUSHARE_GPU_MEMORY_MIB=$mem" env_is "$cid" GPUSHARE_GPU_MEMORY_MIB "$mem"
+    e2e_check "$V: $name GPUSHARE_GPU_CORE_PERCENT=$core" env_is "$cid" GPUSHARE_GPU_CORE_PERCENT "$core"
+    e2e_check "$V: $name ALIYUN_COM_GPU_MEM_IDX=$gpu" env_is "$cid" ALIYUN_COM_GPU_MEM_IDX "$gpu"
+    e2e_check "$V: $name ALIYUN_COM_GPU_MEM_CONTAINER=$((mem / 1024))" env_is "$cid" ALIYUN_COM_GPU_MEM_CONTAINER "$((mem / 1024))"
+    e2e_check "$V: $name ALIYUN_COM_GPU_MEM_DEV=15" env_is "$cid" ALIYUN_COM_GPU_MEM_DEV 15
+}
+
+bad_inputs() {
+    write_pod bad-core33 "$(assignment 1 2048 33)" 2 33
+    e2e_check "$V: core 33 refused" create_refused bad-core33 "aliyun.com/gpu-core.percentage 33 is not a multiple of 5"
+    write_pod bad-core0 "$(assignment 1 2048 0)" 2 ""
+    e2e_check "$V: core 0 refused" create_refused bad-core0 "corePercent 0 is not in [5, 100]"
+    write_pod bad-core105 "$(assignment 1 2048 105)" 2 ""
+    e2e_check "$V: core 105 refused" create_refused bad-core105 "corePercent 105 is not in [5, 100]"
+    write_pod bad-gpu7 "$(assignment 7 2048 30)" 2 30
+    e2e_check "$V: GPU index 7 refused on a 4-GPU node" create_refused bad-gpu7 "gpuIndex 7 does not exist on this node (4 GPUs: 0-3)"
+    write_pod bad-mem "$(assignment 1 20480 30)" 20 30
+    e2e_check "$V: memory larger than the GPU refused" create_refused bad-mem "memoryMiB 20480 exceeds the memory of GPU 1 (15360 MiB)"
+    write_pod bad-json '{"version":1,"containers":' 2 30
+    e2e_check "$V: malformed assignment JSON refused" create_refused bad-json "gpushare.io/assignment is not valid JSON"
+    write_pod bad-missing "" 2 30
+    e2e_check "$V: missing assignment with granted gpu-mem refused" create_refused bad-missing "has no gpushare.io/assignment annotation"
+}
+
+for V in "${VERSIONS[@]}"; do
+    echo "=== containerd $V ==="
+    root=$(mktemp -d /tmp/gpushare-e2e.XXXXXX)
+    e2e_require "$V: containerd starts" e2e_start_containerd "$V" "$root"
+    e2e_require "$V: agent registers over $E2E_NRI_SOCK" start_agent
+
+    write_pod gpu1 "$(assignment 1 2048 30)" 2 30
+    check_gpu_pod gpu1 1 2048 30
+
+    write_pod plain "" "" ""
+    if cid=$(run_pod plain); then
+        e2e_check "$V: pod without GPU requests sees no /dev/nvidia*" no_gpu_devices "$cid"
+        e2e_check "$V: pod without GPU requests gets no GPU env" no_gpu_env "$cid"
+    else
+        e2e_check "$V: pod without GPU requests created" false
+    fi
+
+    bad_inputs
+
+    write_pod gpu2 "$(assignment 3 4096 50)" 4 50
+    e2e_check "$V: second GPU pod on GPU 3" run_pod gpu2
+    e2e_check "$V: registry matches crictl" registry_matches_crictl
+
+    kill_agent
+    e2e_require "$V: agent restarted while containers run" start_agent
+    e2e_check "$V: after agent restart the registry matches crictl" registry_matches_crictl
+
+    e2e_restart_containerd
+    e2e_check "$V: agent reconnects after containerd restart" wait_healthy
+    e2e_check "$V: agent registered twice (log)" bash -c "(( \$(grep -c 'registered with the runtime' '$E2E_ROOT/agent.log') >= 2 ))"
+    write_pod gpu3 "$(assignment 2 1024 10)" 1 10
+    check_gpu_pod gpu3 2 1024 10
+    e2e_check "$V: after containerd restart the registry matches crictl" registry_matches_crictl
+
+    # The same agent as a pre-installed plugin, launched by containerd itself.
+    kill_agent
+    cp "$BIN" "$E2E_NRI_PLUGIN_DIR/10-gpushare"
+    cat >"$E2E_NRI_CONF_DIR/10-gpushare.conf" <<EOF
+gpu_backend = "sim"
+node_name = "e2e-node"
+dev_root = "$E2E_ROOT/simdev"
+status_listen = "127.0.0.1:$PORT"
+[log]
+file = "$E2E_ROOT/agent.log"
+EOF
+    e2e_restart_containerd
+    e2e_check "$V: pre-installed plugin launched and registered" wait_healthy
+    e2e_check "$V: pre-installed plugin rebuilt the registry" registry_matches_crictl
+    write_pod gpu4 "$(assignment 0 3072 20)" 3 20
+    check_gpu_pod gpu4 0 3072 20
+    write_pod bad-pre "$(assignment 1 2048 33)" 2 33
+    e2e_check "$V: pre-installed plugin refuses core 33" create_refused bad-pre "33 is not a multiple of 5"
+
+    e2e_stop_containerd
+    rm -f "$E2E_ROOT/agent.log" 2>/dev/null || true
+done
+
+e2e_summary
