@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# The seed walkthrough on a throwaway containerd with 4 simulated 15 GiB GPUs:
+# node capacity, the sample job (2 GiB, 30 %), what its container got, and a refused request.
+# Needs root. Run through `make demo`.
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+repo=$(cd "$here/../.." && pwd)
+# shellcheck source=tests/e2e/lib.sh
+source "$here/lib.sh"
+
+BIN=${GPUSHARE_BIN:-$repo/target/release/gpushare}
+PORT=${GPUSHARE_DEMO_PORT:-19403}
+VERSION=${GPUSHARE_DEMO_CONTAINERD:-2}
+AGENT_PID=
+trap '[[ -n $AGENT_PID ]] && kill "$AGENT_PID" 2>/dev/null; e2e_stop_containerd' EXIT
+
+step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
+
+step "throwaway containerd $VERSION with NRI, in a temp root"
+root=$(mktemp -d /tmp/gpushare-demo.XXXXXX)
+e2e_start_containerd "$VERSION" "$root" >/dev/null
+echo "containerd pid $E2E_CONTAINERD_PID, NRI socket $E2E_NRI_SOCK"
+
+step "gpushare node --gpu-backend sim (4 GPUs x 15 GiB)"
+"$BIN" node --nri-socket "$E2E_NRI_SOCK" --gpu-backend sim --sim-gpus 4 --sim-gpu-memory-mib 15360 \
+    --node-name demo-node --dev-root "$root/simdev" --status-listen "127.0.0.1:$PORT" \
+    --log-file "$root/agent.log" &
+AGENT_PID=$!
+for _ in $(seq 100); do curl -fsS "127.0.0.1:$PORT/healthz" >/dev/null 2>&1 && break; sleep 0.1; done
+curl -fsS "127.0.0.1:$PORT/healthz"
+grep 'registered with the runtime' "$root/agent.log" | tail -1
+
+step "node capacity, as the device plugin advertises it (kubectl get node -o yaml)"
+"$BIN" capacity --gpu-backend sim --sim-gpus 4 --sim-gpu-memory-mib 15360 --node-name demo-node |
+    sed 's/^/    /'
+
+step "the sample job: limits {aliyun.com/gpu-mem: 2, aliyun.com/gpu-core.percentage: 30}"
+# What the gpushare scheduler writes on the pod, and what kubelet passes to the container
+# after the device plugin's Allocate. The scheduler itself comes with its own issue; here the
+# assignment is written as it would be: GPU 0, 2048 MiB, 30 %.
+uuid0=$(curl -fsS "127.0.0.1:$PORT/inventory" | jq -r '.inventory.gpus[0].uuid')
+assignment=$(jq -cn --arg u "$uuid0" '{version:1, timestamp:(now|todate), containers:{main:[{gpuIndex:0, gpuUuid:$u, memoryMiB:2048, corePercent:30}]}}')
+echo "pod annotation gpushare.io/assignment: $assignment"
+e2e_pod_json sample-job uid-sample-job "$(jq -cn --arg a "$assignment" '{"gpushare.io/assignment":$a}')" >"$root/pod.json"
+e2e_ctr_json main '{"gpushare.io/granted-mem":"2","gpushare.io/granted-core":"30"}' >"$root/ctr.json"
+cid=$(e2e_run_pod_with_container "$root/pod.json" "$root/ctr.json")
+echo "container $cid running"
+
+step "what the container got"
+echo "\$ ls -l /dev | grep nvidia"
+e2e_crictl exec "$cid" ls -l /dev | grep nvidia | sed 's/^/    /'
+echo "\$ env | grep -E 'NVIDIA|GPUSHARE|ALIYUN'"
+e2e_crictl exec "$cid" env | grep -E 'NVIDIA|GPUSHARE|ALIYUN' | sort | sed 's/^/    /'
+
+step "the node agent's registry and metrics"
+curl -fsS "127.0.0.1:$PORT/registry" | jq -c '.[] | {pod: "\(.pod_namespace)/\(.pod_name)", container: .container_name, state, cgroups_path, gpus: [.gpus[] | {index, memory_mib, core_percent}]}'
+curl -fsS "127.0.0.1:$PORT/metrics" | grep -E '^gpushare_gpu_(memory_assigned_mib|core_assigned_percent)\{gpu="0"|^gpushare_create_container_total'
+
+step "a bad request: gpu-core.percentage 33 is refused at container creation"
+bad=$(jq -cn '{version:1, containers:{main:[{gpuIndex:1, memoryMiB:2048, corePercent:33}]}}')
+e2e_pod_json bad-job uid-bad-job "$(jq -cn --arg a "$bad" '{"gpushare.io/assignment":$a}')" >"$root/bad-pod.json"
+e2e_ctr_json main '{"gpushare.io/granted-mem":"2","gpushare.io/granted-core":"33"}' >"$root/bad-ctr.json"
+pod=$(e2e_crictl runp "$root/bad-pod.json")
+if e2e_crictl create "$pod" "$root/bad-ctr.json" "$root/bad-pod.json" 2>"$root/err"; then
+    echo "unexpected: the bad request was accepted" >&2
+    exit 1
+fi
+grep -o 'desc = gpushare: .*' "$root/err" | tail -1 | sed 's/^desc = /    crictl create: /; s/"$//'
+
+step "done: everything above ran on real containerd, runc and crictl; only the GPUs are simulated"
