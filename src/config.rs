@@ -233,3 +233,20 @@ mod tests {
         assert!(cfg.validate().is_err());
     }
 }
+
+#[cfg(test)]
+mod shipped {
+    use super::*;
+
+    #[test]
+    fn the_shipped_example_config_parses_and_validates() {
+        let cfg = NodeConfig::from_toml(include_str!("../install/node.toml"), "install/node.toml")
+            .unwrap();
+        cfg.validate().unwrap();
+        assert_eq!(
+            cfg,
+            NodeConfig::default(),
+            "the example documents the defaults"
+        );
+    }
+}

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Installs the gpushare node agent on one node, as root.
+#   install/bootstrap-node.sh [--preinstalled] [BINARY]
+# Default: external NRI plugin run by systemd (survives containerd restarts by reconnecting).
+# --preinstalled: copy the binary to /opt/nri/plugins/10-gpushare and the config to
+# /etc/nri/conf.d/10-gpushare.conf; containerd launches it (restart containerd afterwards).
+# NRI must be enabled in containerd 1.7 (see install/containerd/).
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+mode=external
+if [[ ${1:-} == --preinstalled ]]; then mode=preinstalled; shift; fi
+bin=${1:-$here/../target/release/gpushare}
+[[ -x $bin ]] || { echo "bootstrap: binary $bin not found (cargo build --release)" >&2; exit 1; }
+((EUID == 0)) || { echo "bootstrap: run as root" >&2; exit 1; }
+
+if [[ $mode == preinstalled ]]; then
+    install -D -m 0755 "$bin" /opt/nri/plugins/10-gpushare
+    [[ -e /etc/nri/conf.d/10-gpushare.conf ]] ||
+        install -D -m 0644 "$here/node.toml" /etc/nri/conf.d/10-gpushare.conf
+    echo "installed /opt/nri/plugins/10-gpushare; restart containerd to launch it"
+else
+    install -D -m 0755 "$bin" /usr/local/bin/gpushare
+    [[ -e /etc/gpushare/node.toml ]] || install -D -m 0644 "$here/node.toml" /etc/gpushare/node.toml
+    install -D -m 0644 "$here/systemd/gpushare-node.service" /etc/systemd/system/gpushare-node.service
+    systemctl daemon-reload
+    systemctl enable --now gpushare-node.service
+    echo "gpushare-node.service running; config /etc/gpushare/node.toml"
+fi
