@@ -141,7 +141,10 @@ async fn full_session_over_the_multiplexer() {
         .unwrap()
         .unwrap();
     assert_eq!(
-        (registered.plugin_name.as_str(), registered.plugin_idx.as_str()),
+        (
+            registered.plugin_name.as_str(),
+            registered.plugin_idx.as_str()
+        ),
         ("gpushare", "10")
     );
 
@@ -151,7 +154,10 @@ async fn full_session_over_the_multiplexer() {
         .unwrap();
     // CreateContainer(4), StartContainer(6), UpdateContainer(8), StopContainer(10),
     // RemoveContainer(11): bits 3, 5, 7, 9, 10.
-    assert_eq!(conf.events, (1 << 3) | (1 << 5) | (1 << 7) | (1 << 9) | (1 << 10));
+    assert_eq!(
+        conf.events,
+        (1 << 3) | (1 << 5) | (1 << 7) | (1 << 9) | (1 << 10)
+    );
 
     // Split synchronize; the first chunk carries ~2 MiB of annotations (hundreds of frames).
     let mut big = pod("p1", Some(assignment(1, 2048, 30)));
@@ -177,12 +183,7 @@ async fn full_session_over_the_multiplexer() {
     };
     let r = plugin.synchronize(ctx(), &chunk2).await.unwrap();
     assert!(!r.more);
-    let ids: Vec<String> = node
-        .registry
-        .snapshot()
-        .into_iter()
-        .map(|r| r.id)
-        .collect();
+    let ids: Vec<String> = node.registry.snapshot().into_iter().map(|r| r.id).collect();
     assert_eq!(ids, ["c1", "c2"]);
 
     // A GPU container gets its GPU only.
@@ -280,12 +281,7 @@ async fn full_session_over_the_multiplexer() {
         )
         .await
         .unwrap();
-    let ids: Vec<String> = node
-        .registry
-        .snapshot()
-        .into_iter()
-        .map(|r| r.id)
-        .collect();
+    let ids: Vec<String> = node.registry.snapshot().into_iter().map(|r| r.id).collect();
     assert_eq!(ids, ["c2"]);
 
     // The runtime goes away: the plugin's session ends with the reason.
