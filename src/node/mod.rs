@@ -210,6 +210,8 @@ impl Handler for Node {
             nri = %req.NRI_version,
             "configure"
         );
+        // A new session: forget a split Synchronize that an earlier connection left unfinished.
+        self.sync_buf.lock().expect("sync lock").clear();
         if self.config_from_runtime {
             let cfg = NodeConfig::from_toml(&req.config, "from the runtime's plugin config")
                 .map_err(|e| HandlerError::invalid(e.to_string()))?;
