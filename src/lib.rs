@@ -9,3 +9,4 @@ pub mod nri;
 pub mod registry;
 pub mod request;
 pub mod status;
+pub mod throttle;

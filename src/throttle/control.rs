@@ -1,0 +1,440 @@
+//! The per-GPU control law (pure): from each container's quota and measured share of the GPU
+//! in the last period, decide when in the next period each container may run (is thawed).
+//!
+//! Capped containers get exclusive, consecutive run windows — a time-slice schedule, so two
+//! busy containers at 30 and 70 % do not contend and really get 30/70 — whose lengths a
+//! closed loop corrects: `run += gain · (quota − measured)`, so freeze latency and work that
+//! outlives a freeze (GPU kernels already queued) are compensated and the long-run share
+//! converges to the quota. Upward correction happens only when the container used its window
+//! (anti-windup), and the window never exceeds `quota + max_boost`, so an idle container that
+//! wakes up cannot overshoot for long.
+//!
+//! Containers without a compute quota share what is left of the period. Policy `hard` keeps
+//! capped containers to their windows even when the GPU is otherwise idle; `burst` lets them
+//! also run in the leftover time (work-conserving) and takes the exclusive window away from
+//! idle containers, so a lone container can use the whole GPU while a newly busy neighbour
+//! gets its share back within a period or two.
+
+use std::collections::{BTreeMap, HashMap};
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Policy {
+    /// The cap holds even when the container is alone on the GPU.
+    #[default]
+    Hard,
+    /// Work-conserving: idle capacity may be used; under contention every container falls
+    /// back to its quota.
+    Burst,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Params {
+    pub policy: Policy,
+    /// Fraction of the error corrected each period (0 < gain ≤ 1).
+    pub gain: f64,
+    /// A container's run window never exceeds `quota + max_boost`.
+    pub max_boost: f64,
+    /// A container that used less than this share in the last period counts as idle
+    /// (`burst`: it loses its exclusive window until it is busy again).
+    pub idle_share: f64,
+}
+
+impl Default for Params {
+    fn default() -> Self {
+        Params {
+            policy: Policy::Hard,
+            gain: 0.5,
+            max_boost: 0.15,
+            idle_share: 0.02,
+        }
+    }
+}
+
+/// A container on this GPU and its compute quota (fraction of the GPU; `None`: no cap).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Member {
+    pub id: String,
+    pub quota: Option<f64>,
+}
+
+/// A span of the period, as fractions in [0, 1], during which a container is thawed.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Window {
+    pub start: f64,
+    pub end: f64,
+}
+
+/// When each container may run during the next period.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Plan {
+    pub windows: BTreeMap<String, Vec<Window>>,
+    /// Where the exclusive windows end (None before the first plan).
+    pub leftover_start: Option<f64>,
+}
+
+impl Plan {
+    /// Whether container `id` is thawed at fraction `t` of the period (unknown ids: yes).
+    pub fn runs_at(&self, id: &str, t: f64) -> bool {
+        match self.windows.get(id) {
+            None => true,
+            Some(ws) => ws.iter().any(|w| w.start <= t && t < w.end),
+        }
+    }
+
+    /// Fraction of the period container `id` is thawed.
+    pub fn run_fraction(&self, id: &str) -> f64 {
+        self.windows
+            .get(id)
+            .map_or(1.0, |ws| ws.iter().map(|w| w.end - w.start).sum())
+    }
+
+    /// Fraction of the period that no exclusive window claims (the leftover).
+    pub fn spare(&self) -> f64 {
+        self.leftover_start.map_or(0.0, |s| (1.0 - s).max(0.0))
+    }
+
+    /// All window boundaries in [0, 1), sorted and deduplicated: the instants at which some
+    /// container changes state.
+    pub fn boundaries(&self) -> Vec<f64> {
+        let mut b: Vec<f64> = self
+            .windows
+            .values()
+            .flatten()
+            .flat_map(|w| [w.start, w.end])
+            .filter(|t| *t < 1.0)
+            .collect();
+        b.push(0.0);
+        b.sort_by(f64::total_cmp);
+        b.dedup_by(|a, b| (*a - *b).abs() < 1e-9);
+        b
+    }
+}
+
+#[derive(Debug, Clone)]
+struct MemberState {
+    quota: Option<f64>,
+    /// Length of the exclusive run window (capped containers).
+    run: f64,
+    active: bool,
+}
+
+/// The control loop of one GPU.
+#[derive(Debug, Clone)]
+pub struct GpuLoop {
+    params: Params,
+    members: BTreeMap<String, MemberState>,
+    last: Plan,
+}
+
+impl GpuLoop {
+    pub fn new(params: Params) -> Self {
+        GpuLoop {
+            params,
+            members: BTreeMap::new(),
+            last: Plan::default(),
+        }
+    }
+
+    /// Sets who is on this GPU. New capped containers start with a window equal to their
+    /// quota (and count as busy, so a hard cap holds from the first period).
+    pub fn set_members(&mut self, members: &[Member]) {
+        let mut next = BTreeMap::new();
+        for m in members {
+            let quota = m.quota.map(|q| q.clamp(0.0, 1.0));
+            let st = match self.members.remove(&m.id) {
+                Some(mut st) if st.quota == quota => {
+                    st.quota = quota;
+                    st
+                }
+                _ => MemberState {
+                    quota,
+                    run: quota.unwrap_or(0.0),
+                    active: true,
+                },
+            };
+            next.insert(m.id.clone(), st);
+        }
+        self.members = next;
+    }
+
+    pub fn members(&self) -> impl Iterator<Item = (&str, Option<f64>)> {
+        self.members.iter().map(|(id, st)| (id.as_str(), st.quota))
+    }
+
+    /// One control step: `measured` is each container's share of the GPU over the last
+    /// period (missing: 0). Returns the plan for the next period.
+    pub fn step(&mut self, measured: &HashMap<String, f64>) -> Plan {
+        let p = self.params;
+        // In `burst`, a share above quota is legitimate while there was spare time to use,
+        // so the window lengths are corrected only when the period was fully taken.
+        let spare = self.last.spare();
+        let correct = p.policy == Policy::Hard || spare < 1e-6;
+        for (id, st) in self.members.iter_mut() {
+            let Some(q) = st.quota else { continue };
+            let s = measured.get(id).copied().unwrap_or(0.0);
+            let allowed = self.last.run_fraction(id);
+            st.active = s >= p.idle_share;
+            // Correct only with evidence: down when over quota, up only when the container
+            // used (nearly) all the time it was allowed.
+            let used_its_time = s >= 0.9 * allowed.min(st.run.max(1e-9));
+            if correct && (s > q || (used_its_time && st.active)) {
+                let lo = 0.0;
+                let hi = (q + p.max_boost).min(1.0);
+                st.run = (st.run + p.gain * (q - s)).clamp(lo, hi);
+            }
+            if p.policy == Policy::Burst && !st.active {
+                // Idle: its exclusive window goes back to the pool; restart from the quota.
+                st.run = q;
+            }
+        }
+        self.last = self.plan();
+        self.last.clone()
+    }
+
+    fn plan(&self) -> Plan {
+        let p = self.params;
+        let exclusive: Vec<(&String, f64)> = self
+            .members
+            .iter()
+            .filter_map(|(id, st)| {
+                let q = st.quota?;
+                let gets_slot = p.policy == Policy::Hard || st.active;
+                gets_slot.then_some((id, st.run.max(0.0)))
+            })
+            .collect();
+        let total: f64 = exclusive.iter().map(|(_, r)| r).sum();
+        let scale = if total > 1.0 { 1.0 / total } else { 1.0 };
+        let mut plan = Plan::default();
+        let mut t = 0.0;
+        for (id, r) in &exclusive {
+            let len = r * scale;
+            if len > 0.0 {
+                plan.windows.insert(
+                    (*id).clone(),
+                    vec![Window {
+                        start: t,
+                        end: (t + len).min(1.0),
+                    }],
+                );
+            } else {
+                plan.windows.insert((*id).clone(), vec![]);
+            }
+            t += len;
+        }
+        plan.leftover_start = Some(t.min(1.0));
+        let leftover = Window {
+            start: t.min(1.0),
+            end: 1.0,
+        };
+        let has_leftover = leftover.end - leftover.start > 1e-9;
+        for (id, st) in &self.members {
+            let shares_leftover = st.quota.is_none() || p.policy == Policy::Burst;
+            if !shares_leftover {
+                plan.windows.entry(id.clone()).or_default();
+                continue;
+            }
+            let ws = plan.windows.entry(id.clone()).or_default();
+            if has_leftover {
+                // Merge with an adjacent exclusive window.
+                match ws.last_mut() {
+                    Some(w) if (w.end - leftover.start).abs() < 1e-9 => w.end = 1.0,
+                    _ => ws.push(leftover),
+                }
+            }
+        }
+        plan
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn members(spec: &[(&str, Option<f64>)]) -> Vec<Member> {
+        spec.iter()
+            .map(|(id, q)| Member {
+                id: id.to_string(),
+                quota: *q,
+            })
+            .collect()
+    }
+
+    /// A simulated GPU: each busy container consumes all the time it is thawed, shared
+    /// equally with others thawed at the same instant; `leak` models work that continues
+    /// after a freeze (a fraction of the period per freeze).
+    fn simulate(plan: &Plan, busy: &[&str], leak: f64) -> HashMap<String, f64> {
+        let mut share: HashMap<String, f64> = busy.iter().map(|b| (b.to_string(), 0.0)).collect();
+        let steps = 1000;
+        for i in 0..steps {
+            let t = (i as f64 + 0.5) / steps as f64;
+            let running: Vec<&&str> = busy.iter().filter(|b| plan.runs_at(b, t)).collect();
+            for b in &running {
+                *share.get_mut(**b).unwrap() += 1.0 / steps as f64 / running.len() as f64;
+            }
+        }
+        for b in busy {
+            let f = plan.run_fraction(b);
+            if f > 0.0 && f < 1.0 {
+                *share.get_mut(*b).unwrap() += leak;
+            }
+        }
+        share
+    }
+
+    fn run(
+        lp: &mut GpuLoop,
+        busy: &[&str],
+        leak: f64,
+        periods: usize,
+    ) -> (Plan, HashMap<String, f64>) {
+        let mut measured = HashMap::new();
+        let mut plan = lp.step(&measured);
+        for _ in 0..periods {
+            measured = simulate(&plan, busy, leak);
+            plan = lp.step(&measured);
+        }
+        (plan, measured)
+    }
+
+    #[test]
+    fn hard_cap_holds_when_alone() {
+        for q in [0.1, 0.3, 0.7, 0.95] {
+            let mut lp = GpuLoop::new(Params::default());
+            lp.set_members(&members(&[("a", Some(q))]));
+            let (_, m) = run(&mut lp, &["a"], 0.0, 20);
+            assert!((m["a"] - q).abs() < 0.005, "q={q} got {}", m["a"]);
+        }
+    }
+
+    #[test]
+    fn closed_loop_compensates_work_after_freeze() {
+        // 3 points of the period leak past each freeze: open loop would give 33 %.
+        let mut lp = GpuLoop::new(Params::default());
+        lp.set_members(&members(&[("a", Some(0.3))]));
+        let (_, m) = run(&mut lp, &["a"], 0.03, 30);
+        assert!((m["a"] - 0.3).abs() < 0.005, "got {}", m["a"]);
+    }
+
+    #[test]
+    fn converges_without_oscillating() {
+        let mut lp = GpuLoop::new(Params::default());
+        lp.set_members(&members(&[("a", Some(0.3))]));
+        let mut plan = lp.step(&HashMap::new());
+        let mut errs = vec![];
+        for _ in 0..30 {
+            let m = simulate(&plan, &["a"], 0.05);
+            errs.push(m["a"] - 0.3);
+            plan = lp.step(&m);
+        }
+        // The error shrinks monotonically in magnitude and never changes sign.
+        for w in errs.windows(2) {
+            assert!(w[1].abs() <= w[0].abs() + 1e-12, "{errs:?}");
+            assert!(w[1] * w[0] >= 0.0, "{errs:?}");
+        }
+    }
+
+    #[test]
+    fn contention_splits_by_quota() {
+        let mut lp = GpuLoop::new(Params::default());
+        lp.set_members(&members(&[("a", Some(0.3)), ("b", Some(0.7))]));
+        let (_, m) = run(&mut lp, &["a", "b"], 0.0, 20);
+        assert!(
+            (m["a"] - 0.3).abs() < 0.01 && (m["b"] - 0.7).abs() < 0.01,
+            "{m:?}"
+        );
+        let mut lp = GpuLoop::new(Params::default());
+        let q = [
+            ("a", Some(0.1)),
+            ("b", Some(0.2)),
+            ("c", Some(0.3)),
+            ("d", Some(0.4)),
+        ];
+        lp.set_members(&members(&q));
+        let (_, m) = run(&mut lp, &["a", "b", "c", "d"], 0.0, 20);
+        for (id, q) in q {
+            assert!((m[id] - q.unwrap()).abs() < 0.01, "{id}: {m:?}");
+        }
+    }
+
+    #[test]
+    fn uncapped_neighbour_gets_the_rest() {
+        let mut lp = GpuLoop::new(Params::default());
+        lp.set_members(&members(&[("a", Some(0.5)), ("free", None)]));
+        let (_, m) = run(&mut lp, &["a", "free"], 0.0, 20);
+        assert!(
+            (m["a"] - 0.5).abs() < 0.01 && (m["free"] - 0.5).abs() < 0.01,
+            "{m:?}"
+        );
+    }
+
+    #[test]
+    fn burst_uses_idle_capacity_and_falls_back_under_contention() {
+        let params = Params {
+            policy: Policy::Burst,
+            ..Default::default()
+        };
+        let mut lp = GpuLoop::new(params);
+        lp.set_members(&members(&[("a", Some(0.3)), ("b", Some(0.7))]));
+        let (_, m) = run(&mut lp, &["a"], 0.0, 10);
+        assert!(m["a"] > 0.95, "alone in burst: {m:?}");
+        // The neighbour starts: within 3 periods both are at their quota.
+        let (_, m) = run(&mut lp, &["a", "b"], 0.0, 3);
+        assert!(
+            (m["a"] - 0.3).abs() < 0.02 && (m["b"] - 0.7).abs() < 0.02,
+            "{m:?}"
+        );
+    }
+
+    #[test]
+    fn hard_does_not_burst() {
+        let mut lp = GpuLoop::new(Params::default());
+        lp.set_members(&members(&[("a", Some(0.3)), ("b", Some(0.7))]));
+        let (_, m) = run(&mut lp, &["a"], 0.0, 10);
+        assert!((m["a"] - 0.3).abs() < 0.01, "{m:?}");
+    }
+
+    #[test]
+    fn idle_container_does_not_wind_up() {
+        let mut lp = GpuLoop::new(Params::default());
+        lp.set_members(&members(&[("a", Some(0.3))]));
+        // Idle for a long time (uses 1 % of the GPU) …
+        let mut plan = lp.step(&HashMap::new());
+        for _ in 0..50 {
+            plan = lp.step(&HashMap::from([("a".to_string(), 0.01)]));
+        }
+        // … then busy: its first period is at most quota + max_boost.
+        assert!(plan.run_fraction("a") <= 0.3 + 0.15 + 1e-9, "{plan:?}");
+    }
+
+    #[test]
+    fn plan_boundaries_and_membership_changes() {
+        let mut lp = GpuLoop::new(Params::default());
+        lp.set_members(&members(&[("a", Some(0.3)), ("b", Some(0.2)), ("c", None)]));
+        let plan = lp.step(&HashMap::new());
+        let b = plan.boundaries();
+        assert_eq!(b.len(), 3, "{b:?}");
+        assert!((b[1] - 0.3).abs() < 1e-9 && (b[2] - 0.5).abs() < 1e-9);
+        assert!(plan.runs_at("c", 0.6) && !plan.runs_at("c", 0.1));
+        assert!(plan.runs_at("unknown", 0.1));
+        lp.set_members(&members(&[("b", Some(0.2))]));
+        let plan = lp.step(&HashMap::new());
+        assert_eq!(plan.windows.keys().collect::<Vec<_>>(), ["b"]);
+    }
+
+    #[test]
+    fn over_subscribed_windows_are_scaled_into_the_period() {
+        let mut lp = GpuLoop::new(Params::default());
+        lp.set_members(&members(&[("a", Some(0.7)), ("b", Some(0.7))]));
+        let plan = lp.step(&HashMap::new());
+        let total: f64 = plan
+            .windows
+            .values()
+            .flatten()
+            .map(|w| w.end - w.start)
+            .sum();
+        assert!(total <= 1.0 + 1e-9);
+    }
+}
