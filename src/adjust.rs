@@ -12,6 +12,24 @@ pub struct Adjustment {
     pub devices: Vec<DeviceNode>,
     pub env: Vec<(String, String)>,
     pub cdi_devices: Vec<String>,
+    /// Bind mounts `(host source, container destination)`, read-write.
+    pub mounts: Vec<(String, String)>,
+    /// CPU set to pin the container to (simulated GPUs).
+    pub cpuset: Option<String>,
+}
+
+/// Simulated GPUs: pin the container to the CPU core that stands in for its GPU
+/// (`gpu index mod ncpu`) and mount its declaration directory (GPU memory in use, progress).
+pub fn add_sim(
+    adj: &mut Adjustment,
+    gpu_index: u32,
+    ncpu: usize,
+    host_dir: &str,
+    container_dir: &str,
+) {
+    adj.cpuset = Some((gpu_index as usize % ncpu.max(1)).to_string());
+    adj.mounts
+        .push((host_dir.to_string(), container_dir.to_string()));
 }
 
 /// Node-level choices for the adjustment.

@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::gpu::sim::SimConfig;
 use crate::request::ResourceNames;
+use crate::throttle::controller::ThrottleConfig;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
@@ -73,6 +74,7 @@ pub struct NodeConfig {
     pub log: LogConfig,
     pub resources: ResourceNames,
     pub sim: SimConfig,
+    pub throttle: ThrottleConfig,
 }
 
 impl Default for NodeConfig {
@@ -91,6 +93,7 @@ impl Default for NodeConfig {
             log: LogConfig::default(),
             resources: ResourceNames::default(),
             sim: SimConfig::default(),
+            throttle: ThrottleConfig::default(),
         }
     }
 }

@@ -27,6 +27,11 @@ enum Command {
     Node(NodeArgs),
     /// Print the node's GPU capacity as the device plugin advertises it.
     Capacity(NodeArgs),
+    /// (Started by `gpushare node`.) Thaw the listed cgroups once the agent is gone.
+    Guardian {
+        #[arg(long)]
+        list: PathBuf,
+    },
 }
 
 #[derive(Args, Clone)]
@@ -56,8 +61,23 @@ struct NodeArgs {
     #[arg(long)]
     node_name: Option<String>,
     /// host:port for /healthz, /registry, /metrics.
-    #[arg(long)]
+    #[arg(long, alias = "metrics-addr")]
     status_listen: Option<String>,
+    /// Compute-quota policy: hard or burst.
+    #[arg(long, value_enum)]
+    throttle_policy: Option<gpushare::throttle::control::Policy>,
+    /// Control period in milliseconds.
+    #[arg(long)]
+    throttle_period_ms: Option<u64>,
+    /// Turn the throttling controller off.
+    #[arg(long)]
+    no_throttle: bool,
+    /// Agent state directory (sim declarations, guardian list).
+    #[arg(long)]
+    state_dir: Option<PathBuf>,
+    /// cgroupfs root.
+    #[arg(long)]
+    cgroup_root: Option<PathBuf>,
     #[arg(long, value_enum)]
     log_format: Option<LogFormat>,
     #[arg(long)]
@@ -103,6 +123,21 @@ impl NodeArgs {
         if let Some(v) = &self.log_file {
             cfg.log.file = Some(v.clone());
         }
+        if let Some(v) = self.throttle_policy {
+            cfg.throttle.policy = v;
+        }
+        if let Some(v) = self.throttle_period_ms {
+            cfg.throttle.period_ms = v;
+        }
+        if self.no_throttle {
+            cfg.throttle.enabled = false;
+        }
+        if let Some(v) = &self.state_dir {
+            cfg.throttle.state_dir = v.clone();
+        }
+        if let Some(v) = &self.cgroup_root {
+            cfg.throttle.cgroup_root = v.clone();
+        }
         cfg.validate()?;
         Ok(cfg)
     }
@@ -135,6 +170,7 @@ fn main() -> anyhow::Result<()> {
             }
             Ok(())
         }
+        Command::Guardian { list } => Ok(gpushare::throttle::guardian::run(&list)?),
     }
 }
 
@@ -159,6 +195,7 @@ fn run_node(cfg: NodeConfig) -> anyhow::Result<()> {
             "gpushare node starting"
         );
         let node = Arc::new(Node::new(state));
+        let controller = start_controller(&cfg, &node)?;
         if let Some(addr) = cfg.status_listen.clone() {
             let n = node.clone();
             let listener = tokio::net::TcpListener::bind(&addr)
@@ -180,14 +217,49 @@ fn run_node(cfg: NodeConfig) -> anyhow::Result<()> {
             _ = plugin::run_external(&socket, reg, node) => {}
             _ = shutdown_signal() => tracing::info!("shutting down"),
         }
+        if let Some(c) = controller {
+            c.stop();
+        }
         Ok(())
     })
+}
+
+/// Starts the throttling controller for `node` when enabled.
+fn start_controller(
+    cfg: &NodeConfig,
+    node: &Arc<Node>,
+) -> anyhow::Result<Option<gpushare::throttle::controller::Running>> {
+    if !cfg.throttle.enabled {
+        tracing::warn!("throttling controller disabled: quotas are not enforced");
+        return Ok(None);
+    }
+    let source: Box<dyn gpushare::throttle::source::SampleSource> = match cfg.gpu_backend {
+        GpuBackend::Sim => Box::new(gpushare::throttle::source::SimSource::new(
+            gpushare::node::sim_dir(cfg),
+        )),
+        GpuBackend::Nvml => {
+            anyhow::bail!("throttle: the NVML sample source is not part of this build yet")
+        }
+    };
+    let exe = std::env::current_exe().context("cannot find our own executable for the guardian")?;
+    let running = gpushare::throttle::controller::start(
+        &cfg.throttle,
+        node.registry.clone(),
+        source,
+        Some(&exe),
+    )?;
+    node.attach_controller(running.stats.clone(), running.link.clone());
+    Ok(Some(running))
 }
 
 fn run_preinstalled(fd: &str) -> anyhow::Result<()> {
     let fd: i32 = fd
         .parse()
         .with_context(|| format!("NRI_PLUGIN_SOCKET {fd:?} is not a file descriptor number"))?;
+    // The runtime's socket must not leak into processes we start (the guardian): they would
+    // keep the connection open after we die.
+    // SAFETY: fcntl on an fd number only sets a flag.
+    unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
     let name = std::env::var("NRI_PLUGIN_NAME").unwrap_or_else(|_| "gpushare".into());
     let index = std::env::var("NRI_PLUGIN_IDX").unwrap_or_else(|_| "10".into());
     gpushare::logging::init(&Default::default())?;
@@ -199,6 +271,15 @@ fn run_preinstalled(fd: &str) -> anyhow::Result<()> {
             Node::awaiting_config(move |cfg: &NodeConfig| {
                 gpushare::logging::reconfigure(&cfg.log);
                 let mut started = status_started.lock().expect("status lock");
+                if !*started
+                    && let Some(node) = weak.upgrade()
+                {
+                    match start_controller(cfg, &node) {
+                        // Runs for the life of the process; the guardian covers its end.
+                        Ok(running) => std::mem::forget(running),
+                        Err(e) => tracing::error!(error = %format!("{e:#}"), "cannot start the throttling controller"),
+                    }
+                }
                 if let (Some(addr), false, Some(node)) =
                     (cfg.status_listen.clone(), *started, weak.upgrade())
                 {

@@ -61,6 +61,93 @@ pub fn metrics(node: &Node) -> String {
             let _ = writeln!(out, "gpushare_gpu_containers{{{l}}} {}", c.containers);
         }
     }
+    if let Some(t) = node.throttle_stats() {
+        let containers = t.containers.lock().expect("stats lock").clone();
+        let mut gpu_util: std::collections::BTreeMap<u32, (f64, u64)> = Default::default();
+        for (name, kind, help) in [
+            (
+                "gpushare_container_gpu_utilization_ratio",
+                "gauge",
+                "share of its GPU used in the last period",
+            ),
+            (
+                "gpushare_container_gpu_core_quota_ratio",
+                "gauge",
+                "compute quota",
+            ),
+            (
+                "gpushare_container_gpu_memory_used_bytes",
+                "gauge",
+                "GPU memory held",
+            ),
+            (
+                "gpushare_container_gpu_memory_limit_bytes",
+                "gauge",
+                "GPU memory quota",
+            ),
+            (
+                "gpushare_container_throttled_seconds_total",
+                "counter",
+                "time spent frozen by the controller",
+            ),
+            (
+                "gpushare_container_freezes_total",
+                "counter",
+                "times frozen by the controller",
+            ),
+            (
+                "gpushare_container_memory_limit_actions_total",
+                "counter",
+                "memory-quota actions taken",
+            ),
+        ] {
+            let _ = writeln!(out, "# HELP {name} {help}");
+            let _ = writeln!(out, "# TYPE {name} {kind}");
+            for (id, c) in &containers {
+                let l = format!(
+                    "pod=\"{}\",container=\"{}\",id=\"{}\",gpu=\"{}\"",
+                    c.pod,
+                    c.container,
+                    &id[..id.len().min(12)],
+                    c.gpu
+                );
+                let v = match name {
+                    "gpushare_container_gpu_utilization_ratio" => format!("{:.4}", c.utilization),
+                    "gpushare_container_gpu_core_quota_ratio" => {
+                        format!("{:.2}", c.quota_percent.map_or(1.0, |q| q as f64 / 100.0))
+                    }
+                    "gpushare_container_gpu_memory_used_bytes" => c.memory_used_bytes.to_string(),
+                    "gpushare_container_gpu_memory_limit_bytes" => c.memory_limit_bytes.to_string(),
+                    "gpushare_container_throttled_seconds_total" => {
+                        format!("{:.3}", c.throttled_seconds)
+                    }
+                    "gpushare_container_freezes_total" => c.freezes.to_string(),
+                    _ => c.memory_actions.to_string(),
+                };
+                let _ = writeln!(out, "{name}{{{l}}} {v}");
+            }
+        }
+        for c in containers.values() {
+            let e = gpu_util.entry(c.gpu).or_default();
+            e.0 += c.utilization;
+            e.1 += c.memory_used_bytes;
+        }
+        let _ = writeln!(out, "# TYPE gpushare_gpu_utilization_ratio gauge");
+        let _ = writeln!(out, "# TYPE gpushare_gpu_memory_used_bytes gauge");
+        for (gpu, (u, m)) in &gpu_util {
+            let _ = writeln!(
+                out,
+                "gpushare_gpu_utilization_ratio{{gpu=\"{gpu}\"}} {u:.4}"
+            );
+            let _ = writeln!(out, "gpushare_gpu_memory_used_bytes{{gpu=\"{gpu}\"}} {m}");
+        }
+        let _ = writeln!(out, "# TYPE gpushare_controller_loop_seconds gauge");
+        let _ = writeln!(
+            out,
+            "gpushare_controller_loop_seconds {:.6}",
+            *t.loop_seconds.lock().expect("stats lock")
+        );
+    }
     out
 }
 

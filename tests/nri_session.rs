@@ -58,6 +58,7 @@ fn node_state() -> NodeState {
             cdi: false,
             memory_unit: MemoryUnit::GiB,
         },
+        sim: None,
     }
 }
 

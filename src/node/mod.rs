@@ -20,6 +20,7 @@ use crate::nri::convert;
 use crate::nri::service::{Handler, HandlerError, event_mask};
 use crate::registry::{ContainerRecord, ContainerState, Registry};
 use crate::request::{self, ContainerRequest, RequestPolicy};
+use crate::throttle::controller::{ControllerLink, ThrottleStats};
 
 /// Everything the handler derives from the configuration and the hardware.
 #[derive(Debug, Serialize)]
@@ -31,6 +32,22 @@ pub struct NodeState {
     pub policy: RequestPolicy,
     #[serde(skip)]
     pub adjust: AdjustOptions,
+    /// Simulated GPUs: where per-container declaration directories live, and how many CPU
+    /// cores stand in for GPUs.
+    #[serde(skip)]
+    pub sim: Option<SimNode>,
+}
+
+#[derive(Debug, Clone)]
+pub struct SimNode {
+    pub dir: std::path::PathBuf,
+    pub ncpu: usize,
+}
+
+impl SimNode {
+    pub fn container_dir(&self, id: &str) -> std::path::PathBuf {
+        crate::throttle::source::SimSource::container_dir(&self.dir, id)
+    }
 }
 
 impl NodeState {
@@ -68,8 +85,17 @@ impl NodeState {
                 cdi: cfg.cdi,
                 memory_unit: cfg.resources.memory_unit,
             },
+            sim: (cfg.gpu_backend == GpuBackend::Sim).then(|| SimNode {
+                dir: sim_dir(cfg),
+                ncpu: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            }),
         })
     }
+}
+
+/// Where simulated containers' declaration directories live.
+pub fn sim_dir(cfg: &NodeConfig) -> std::path::PathBuf {
+    cfg.throttle.state_dir.join("sim")
 }
 
 /// Counters for the status endpoint.
@@ -93,6 +119,8 @@ pub struct Node {
     sync_buf: Mutex<Vec<ContainerRecord>>,
     /// Called with the runtime's config text (pre-installed plugins), before it is applied.
     on_runtime_config: Box<dyn Fn(&NodeConfig) + Send + Sync>,
+    /// The throttling controller, once running.
+    throttle: std::sync::OnceLock<(Arc<ThrottleStats>, Arc<ControllerLink>)>,
 }
 
 impl Node {
@@ -105,6 +133,7 @@ impl Node {
             stats: Stats::default(),
             sync_buf: Mutex::new(vec![]),
             on_runtime_config: Box::new(|_| {}),
+            throttle: Default::default(),
         }
     }
 
@@ -117,6 +146,22 @@ impl Node {
             stats: Stats::default(),
             sync_buf: Mutex::new(vec![]),
             on_runtime_config: Box::new(on_config),
+            throttle: Default::default(),
+        }
+    }
+
+    /// Connects the running throttling controller.
+    pub fn attach_controller(&self, stats: Arc<ThrottleStats>, link: Arc<ControllerLink>) {
+        let _ = self.throttle.set((stats, link));
+    }
+
+    pub fn throttle_stats(&self) -> Option<Arc<ThrottleStats>> {
+        self.throttle.get().map(|(s, _)| s.clone())
+    }
+
+    fn release(&self, id: &str) {
+        if let (Some((_, link)), Some(rec)) = (self.throttle.get(), self.registry.get(id)) {
+            link.release(id, &rec.cgroups_path);
         }
     }
 
@@ -163,7 +208,20 @@ impl Node {
                 ));
             }
         }
-        let adj = adjust::build(&req, &state.devices, &state.adjust).map_err(|e| e.to_string())?;
+        let mut adj =
+            adjust::build(&req, &state.devices, &state.adjust).map_err(|e| e.to_string())?;
+        if let Some(sim) = &state.sim {
+            let dir = sim.container_dir(&ctr.id);
+            std::fs::create_dir_all(&dir)
+                .map_err(|e| format!("cannot create sim directory {}: {e}", dir.display()))?;
+            adjust::add_sim(
+                &mut adj,
+                req.gpus[0].index,
+                sim.ncpu,
+                &dir.to_string_lossy(),
+                crate::throttle::source::SIM_CONTAINER_DIR,
+            );
+        }
         Ok(Some((req, adj)))
     }
 
@@ -319,9 +377,14 @@ impl Handler for Node {
 
     fn stop_container(&self, _pod: &PodSandbox, ctr: &Container) {
         self.registry.set_state(&ctr.id, ContainerState::Stopped);
+        self.release(&ctr.id);
     }
 
     fn remove_container(&self, _pod: &PodSandbox, ctr: &Container) {
+        self.release(&ctr.id);
+        if let Some(sim) = self.state().and_then(|s| s.sim.clone()) {
+            let _ = std::fs::remove_dir_all(sim.container_dir(&ctr.id));
+        }
         if self.registry.remove(&ctr.id).is_some() {
             tracing::info!(id = %ctr.id, "GPU container removed");
         }

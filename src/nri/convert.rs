@@ -1,8 +1,8 @@
 //! Plain data ↔ NRI protocol types.
 
 use super::api::nri_api::{
-    CDIDevice, ContainerAdjustment, KeyValue, LinuxContainerAdjustment, LinuxDevice,
-    OptionalFileMode,
+    CDIDevice, ContainerAdjustment, KeyValue, LinuxCPU, LinuxContainerAdjustment, LinuxDevice,
+    LinuxResources, Mount, OptionalFileMode,
 };
 use crate::adjust::Adjustment;
 
@@ -36,9 +36,32 @@ pub fn adjustment(adj: &Adjustment) -> ContainerAdjustment {
             .collect(),
         linux: Some(LinuxContainerAdjustment {
             devices,
+            resources: adj
+                .cpuset
+                .as_ref()
+                .map(|cpus| LinuxResources {
+                    cpu: Some(LinuxCPU {
+                        cpus: cpus.clone(),
+                        ..Default::default()
+                    })
+                    .into(),
+                    ..Default::default()
+                })
+                .into(),
             ..Default::default()
         })
         .into(),
+        mounts: adj
+            .mounts
+            .iter()
+            .map(|(src, dst)| Mount {
+                source: src.clone(),
+                destination: dst.clone(),
+                type_: "bind".into(),
+                options: vec!["rbind".into(), "rw".into()],
+                ..Default::default()
+            })
+            .collect(),
         CDI_devices: adj
             .cdi_devices
             .iter()

@@ -19,7 +19,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use serde::{Deserialize, Serialize};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum Policy {
     /// The cap holds even when the container is alone on the GPU.
@@ -200,7 +200,7 @@ impl GpuLoop {
             .members
             .iter()
             .filter_map(|(id, st)| {
-                let q = st.quota?;
+                st.quota?;
                 let gets_slot = p.policy == Policy::Hard || st.active;
                 gets_slot.then_some((id, st.run.max(0.0)))
             })

@@ -4,7 +4,13 @@
 //! - [`cgroup`]: freeze/thaw and CPU accounting on cgroup v1 and v2 (injectable root);
 //! - [`pidmap`]: host PID → container through `/proc/PID/cgroup`;
 //! - [`control`]: the per-GPU control law (pure);
+//! - [`source`]: sample sources (sim; NVML);
+//! - [`controller`]: the thread that samples, plans and freezes/thaws;
+//! - [`guardian`]: thaws everything when the agent dies, SIGKILL included.
 
 pub mod cgroup;
 pub mod control;
+pub mod controller;
+pub mod guardian;
 pub mod pidmap;
+pub mod source;

@@ -25,7 +25,7 @@ echo "containerd pid $E2E_CONTAINERD_PID, NRI socket $E2E_NRI_SOCK"
 step "gpushare node --gpu-backend sim (4 GPUs x 15 GiB)"
 "$BIN" node --nri-socket "$E2E_NRI_SOCK" --gpu-backend sim --sim-gpus 4 --sim-gpu-memory-mib 15360 \
     --node-name demo-node --dev-root "$root/simdev" --status-listen "127.0.0.1:$PORT" \
-    --log-file "$root/agent.log" &
+    --log-file "$root/agent.log" --state-dir "$root/state" &
 AGENT_PID=$!
 for _ in $(seq 100); do curl -fsS "127.0.0.1:$PORT/healthz" >/dev/null 2>&1 && break; sleep 0.1; done
 curl -fsS "127.0.0.1:$PORT/healthz"

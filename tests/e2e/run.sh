@@ -37,7 +37,8 @@ wait_healthy() { # wait until the agent is registered with the runtime
 
 start_agent() {
     "$BIN" node --nri-socket "$E2E_NRI_SOCK" --gpu-backend sim --dev-root "$E2E_ROOT/simdev" \
-        --node-name e2e-node --status-listen "127.0.0.1:$PORT" --log-file "$E2E_ROOT/agent.log" &
+        --node-name e2e-node --status-listen "127.0.0.1:$PORT" --log-file "$E2E_ROOT/agent.log" \
+        --state-dir "$E2E_ROOT/state" &
     AGENT_PID=$!
     wait_healthy
 }
@@ -193,6 +194,8 @@ dev_root = "$E2E_ROOT/simdev"
 status_listen = "127.0.0.1:$PORT"
 [log]
 file = "$E2E_ROOT/agent.log"
+[throttle]
+state_dir = "$E2E_ROOT/state"
 EOF
     e2e_restart_containerd
     e2e_check "$V: pre-installed plugin launched and registered" wait_healthy

@@ -1,0 +1,1150 @@
+//! Freeze/thaw and CPU accounting of a container's cgroup, on cgroup v1 and v2.
+//!
+//! In the style of youki's libcgroups: every operation goes through a path derived from an
+//! injectable root (`/sys/fs/cgroup` in production, a tempdir in tests), and every error
+//! names the path and the data involved. Nothing here ever creates a cgroup: files are opened
+//! for writing without `O_CREAT`, so a missing cgroup is an error naming its directory.
+//!
+//! Layout:
+//! - v1: the freezer directory is `root/freezer/<rel>`, the CPU accounting directory
+//!   `root/cpuacct/<rel>` (or `root/cpu,cpuacct/<rel>` where that is how it is mounted);
+//! - v2: both are `root/<rel>` (`cgroup.freeze`, `cgroup.events` and `cpu.stat` are core
+//!   files, present without enabling any controller).
+//!
+//! `<rel>` is the container's `cgroups_path` as containerd passes it in NRI, normalized by
+//! [`CgroupFs::relative_path`]: cgroupfs form (`/kubepods/burstable/pod<uid>/<cid>`) or the
+//! systemd form (`kubepods-burstable-pod<uid>.slice:cri-containerd:<cid>`) expanded as runc
+//! does.
+
+use std::fs;
+use std::io::{self, Write};
+use std::path::{Component, Path, PathBuf};
+use std::thread;
+use std::time::{Duration, Instant};
+
+/// Which cgroup hierarchy layout a [`CgroupFs`] drives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CgroupVersion {
+    /// Legacy: one hierarchy per controller (`freezer`, `cpuacct`, ...).
+    V1,
+    /// Unified hierarchy.
+    V2,
+}
+
+/// Errors of the cgroup layer; each names the path (and data) it concerns.
+#[derive(Debug, thiserror::Error)]
+pub enum CgroupError {
+    #[error("invalid cgroups path {value:?}: {reason}")]
+    InvalidPath { value: String, reason: &'static str },
+    #[error("cgroup {path} does not exist")]
+    NotFound { path: PathBuf },
+    #[error("no cgroup v2 (cgroup.controllers) nor v1 freezer hierarchy at {path}")]
+    UnknownLayout { path: PathBuf },
+    #[error("failed to read {path}: {err}")]
+    Read { path: PathBuf, err: io::Error },
+    #[error("failed to write {data} to {path}: {err}")]
+    Write {
+        data: String,
+        path: PathBuf,
+        err: io::Error,
+    },
+    #[error("failed to parse {path}: unexpected content {data:?}")]
+    Parse { path: PathBuf, data: String },
+}
+
+/// A cgroup filesystem mounted at `root`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CgroupFs {
+    root: PathBuf,
+    version: CgroupVersion,
+}
+
+impl CgroupFs {
+    pub fn new(root: impl Into<PathBuf>, version: CgroupVersion) -> Self {
+        Self {
+            root: root.into(),
+            version,
+        }
+    }
+
+    /// v2 if `root/cgroup.controllers` exists (a unified mount), else v1 if `root/freezer`
+    /// is a directory, else an error naming `root`. A hybrid host (v1 controllers plus
+    /// `root/unified`) is v1: the freezer is a v1 controller there.
+    pub fn detect(root: &Path) -> Result<Self, CgroupError> {
+        if root.join("cgroup.controllers").is_file() {
+            Ok(Self::new(root, CgroupVersion::V2))
+        } else if root.join("freezer").is_dir() {
+            Ok(Self::new(root, CgroupVersion::V1))
+        } else {
+            Err(CgroupError::UnknownLayout {
+                path: root.to_path_buf(),
+            })
+        }
+    }
+
+    pub fn version(&self) -> CgroupVersion {
+        self.version
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// The root of the hierarchy that holds the freezer: `root/freezer` (v1) or `root` (v2).
+    pub fn freezer_root(&self) -> PathBuf {
+        match self.version {
+            CgroupVersion::V1 => self.root.join("freezer"),
+            CgroupVersion::V2 => self.root.clone(),
+        }
+    }
+
+    /// The root of the hierarchy that holds CPU accounting: `root/cpuacct`, or
+    /// `root/cpu,cpuacct` / `root/cpuacct,cpu` when only a co-mount exists (v1); `root` (v2).
+    pub fn cpu_root(&self) -> PathBuf {
+        match self.version {
+            CgroupVersion::V1 => ["cpuacct", "cpu,cpuacct", "cpuacct,cpu"]
+                .iter()
+                .map(|name| self.root.join(name))
+                .find(|dir| dir.is_dir())
+                .unwrap_or_else(|| self.root.join("cpuacct")),
+            CgroupVersion::V2 => self.root.clone(),
+        }
+    }
+
+    /// The cgroup of a container, from its NRI/OCI `cgroups_path` (see
+    /// [`relative_path`](Self::relative_path)). Does not check that it exists.
+    pub fn container(&self, cgroups_path: &str) -> Result<ContainerCgroup, CgroupError> {
+        let rel = Self::relative_path(cgroups_path)?;
+        Ok(ContainerCgroup {
+            version: self.version,
+            freezer_dir: self.freezer_root().join(&rel),
+            cpu_dir: self.cpu_root().join(&rel),
+            rel,
+        })
+    }
+
+    /// Normalizes an NRI/OCI `cgroupsPath` to a path relative to a hierarchy's root.
+    ///
+    /// - cgroupfs form `/a/b/c` or `a/b/c`: empty and `.` components are dropped;
+    /// - systemd form `slice:prefix:name` (anything not starting with `/` that contains a
+    ///   `:`), expanded like runc: the slice `a-b-c.slice` becomes
+    ///   `a.slice/a-b.slice/a-b-c.slice` (empty slice: `system.slice`; `-.slice`: the root),
+    ///   the unit is `prefix-name.scope`, or `name` itself when it ends in `.slice`.
+    ///
+    /// Rejects (with the value in the error) empty input, NUL bytes, any `..` component,
+    /// and anything that resolves to the root itself, so the result is never absolute,
+    /// never empty and never leaves the root (lexically; cgroupfs has no symlinks below a
+    /// hierarchy's root).
+    pub fn relative_path(cgroups_path: &str) -> Result<PathBuf, CgroupError> {
+        let invalid = |reason| CgroupError::InvalidPath {
+            value: cgroups_path.to_string(),
+            reason,
+        };
+        if cgroups_path.trim().is_empty() {
+            return Err(invalid("empty"));
+        }
+        if cgroups_path.contains('\0') {
+            return Err(invalid("contains a NUL byte"));
+        }
+        let joined = if !cgroups_path.starts_with('/') && cgroups_path.contains(':') {
+            expand_systemd(cgroups_path).map_err(invalid)?
+        } else {
+            cgroups_path.to_string()
+        };
+        let mut rel = PathBuf::new();
+        for part in joined.split('/') {
+            match part {
+                "" | "." => {}
+                ".." => return Err(invalid("contains a \"..\" component")),
+                part => rel.push(part),
+            }
+        }
+        if rel.as_os_str().is_empty() {
+            return Err(invalid("resolves to the cgroup root"));
+        }
+        debug_assert!(rel.components().all(|c| matches!(c, Component::Normal(_))));
+        Ok(rel)
+    }
+}
+
+/// `slice:prefix:name` → `a.slice/a-b.slice/<unit>`, as runc's systemd driver places it.
+fn expand_systemd(value: &str) -> Result<String, &'static str> {
+    let parts: Vec<&str> = value.split(':').collect();
+    let [slice, prefix, name] = parts[..] else {
+        return Err("systemd form must be \"slice:prefix:name\"");
+    };
+    if [slice, prefix, name].iter().any(|p| p.contains('/')) {
+        return Err("systemd slice, prefix and name must not contain '/'");
+    }
+    if name.is_empty() {
+        return Err("systemd unit name is empty");
+    }
+    let slice = if slice.is_empty() {
+        "system.slice"
+    } else {
+        slice
+    };
+    let mut path = expand_slice(slice)?;
+    let unit = if name.ends_with(".slice") {
+        name.to_string()
+    } else {
+        format!("{prefix}-{name}.scope")
+    };
+    if !path.is_empty() {
+        path.push('/');
+    }
+    path.push_str(&unit);
+    Ok(path)
+}
+
+/// runc's `ExpandSlice`: `a-b-c.slice` → `a.slice/a-b.slice/a-b-c.slice`, `-.slice` → ``.
+fn expand_slice(slice: &str) -> Result<String, &'static str> {
+    const SUFFIX: &str = ".slice";
+    let Some(stem) = slice.strip_suffix(SUFFIX) else {
+        return Err("systemd slice must end in \".slice\"");
+    };
+    if stem == "-" {
+        return Ok(String::new());
+    }
+    let mut path = String::new();
+    let mut prefix = String::new();
+    for component in stem.split('-') {
+        if component.is_empty() {
+            return Err("systemd slice has an empty component");
+        }
+        if !path.is_empty() {
+            path.push('/');
+        }
+        path.push_str(&prefix);
+        path.push_str(component);
+        path.push_str(SUFFIX);
+        prefix.push_str(component);
+        prefix.push('-');
+    }
+    Ok(path)
+}
+
+/// One container's cgroup (its freezer and CPU accounting directories).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ContainerCgroup {
+    version: CgroupVersion,
+    rel: PathBuf,
+    freezer_dir: PathBuf,
+    cpu_dir: PathBuf,
+}
+
+impl ContainerCgroup {
+    /// Asks the kernel to freeze the cgroup; does not wait (see [`wait_frozen`](Self::wait_frozen)).
+    /// v1: `FROZEN` to `freezer.state`; v2: `1` to `cgroup.freeze`.
+    pub fn freeze(&self) -> Result<(), CgroupError> {
+        match self.version {
+            CgroupVersion::V1 => write_file(&self.freezer_dir, "freezer.state", "FROZEN"),
+            CgroupVersion::V2 => write_file(&self.freezer_dir, "cgroup.freeze", "1"),
+        }
+    }
+
+    /// Thaws the cgroup (also from v1's transient `FREEZING`).
+    /// v1: `THAWED` to `freezer.state`; v2: `0` to `cgroup.freeze`.
+    pub fn thaw(&self) -> Result<(), CgroupError> {
+        match self.version {
+            CgroupVersion::V1 => write_file(&self.freezer_dir, "freezer.state", "THAWED"),
+            CgroupVersion::V2 => write_file(&self.freezer_dir, "cgroup.freeze", "0"),
+        }
+    }
+
+    /// Whether the cgroup is frozen or being frozen. v1: `freezer.state` is `FROZEN` or
+    /// `FREEZING` (which includes a freeze inherited from an ancestor); v2: `cgroup.freeze`
+    /// is `1` or `cgroup.events` says `frozen 1`.
+    pub fn is_frozen(&self) -> Result<bool, CgroupError> {
+        match self.version {
+            CgroupVersion::V1 => {
+                let state = self.v1_state()?;
+                Ok(state == "FROZEN" || state == "FREEZING")
+            }
+            CgroupVersion::V2 => {
+                let (path, data) = read_file(&self.freezer_dir, "cgroup.freeze")?;
+                match data.trim() {
+                    "1" => Ok(true),
+                    "0" => self.v2_events_frozen(),
+                    _ => Err(CgroupError::Parse { path, data }),
+                }
+            }
+        }
+    }
+
+    /// Polls until the freeze is complete (v1: `freezer.state` is `FROZEN`; v2:
+    /// `cgroup.events` has `frozen 1`), with short sleeps. `Ok(false)` on timeout.
+    pub fn wait_frozen(&self, timeout: Duration) -> Result<bool, CgroupError> {
+        let deadline = Instant::now() + timeout;
+        let mut pause = Duration::from_micros(200);
+        loop {
+            let frozen = match self.version {
+                CgroupVersion::V1 => self.v1_state()? == "FROZEN",
+                CgroupVersion::V2 => self.v2_events_frozen()?,
+            };
+            if frozen {
+                return Ok(true);
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Ok(false);
+            }
+            thread::sleep(pause.min(deadline - now));
+            pause = (pause * 2).min(Duration::from_millis(5));
+        }
+    }
+
+    /// Cumulative CPU time of the cgroup in nanoseconds. v1: `cpuacct.usage`; v2: `cpu.stat`
+    /// `usage_usec` × 1000.
+    pub fn cpu_usage_ns(&self) -> Result<u64, CgroupError> {
+        match self.version {
+            CgroupVersion::V1 => {
+                let (path, data) = read_file(&self.cpu_dir, "cpuacct.usage")?;
+                data.trim()
+                    .parse()
+                    .map_err(|_| CgroupError::Parse { path, data })
+            }
+            CgroupVersion::V2 => {
+                let (path, data) = read_file(&self.cpu_dir, "cpu.stat")?;
+                flat_keyed(&data, "usage_usec")
+                    .and_then(|v| v.parse::<u64>().ok())
+                    .and_then(|usec| usec.checked_mul(1000))
+                    .ok_or(CgroupError::Parse { path, data })
+            }
+        }
+    }
+
+    /// PIDs (thread-group ids) in the cgroup itself, from `cgroup.procs` of the freezer
+    /// directory; processes of sub-cgroups are not included.
+    pub fn pids(&self) -> Result<Vec<u32>, CgroupError> {
+        let (path, data) = read_file(&self.freezer_dir, "cgroup.procs")?;
+        data.lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+            .map(|l| {
+                l.parse().map_err(|_| CgroupError::Parse {
+                    path: path.clone(),
+                    data: l.to_string(),
+                })
+            })
+            .collect()
+    }
+
+    /// Whether the freezer directory exists.
+    pub fn exists(&self) -> bool {
+        self.freezer_dir.is_dir()
+    }
+
+    pub fn freezer_dir(&self) -> &Path {
+        &self.freezer_dir
+    }
+
+    pub fn cpu_dir(&self) -> &Path {
+        &self.cpu_dir
+    }
+
+    /// The normalized relative path (as [`CgroupFs::relative_path`] gives).
+    pub fn relative(&self) -> &Path {
+        &self.rel
+    }
+
+    fn v1_state(&self) -> Result<String, CgroupError> {
+        let (_, data) = read_file(&self.freezer_dir, "freezer.state")?;
+        Ok(data.trim().to_string())
+    }
+
+    fn v2_events_frozen(&self) -> Result<bool, CgroupError> {
+        let (path, data) = read_file(&self.freezer_dir, "cgroup.events")?;
+        match flat_keyed(&data, "frozen") {
+            Some("1") => Ok(true),
+            Some("0") => Ok(false),
+            // Kernels before 5.2 have no freezer: nothing is ever frozen.
+            None if data.contains("populated") => Ok(false),
+            _ => Err(CgroupError::Parse { path, data }),
+        }
+    }
+}
+
+/// Thaws every frozen cgroup at or below `rel` in the freezer hierarchy (start-up safety:
+/// the agent thaws whatever an earlier instance may have left frozen). Parents are thawed
+/// before their children, and a cgroup that disappears during the walk is skipped. Returns
+/// how many cgroups it wrote a thaw to. `rel` must be relative without `..` (an empty `rel`
+/// means the whole hierarchy; the root cgroup itself is never frozen and is skipped); a
+/// missing `rel` is [`CgroupError::NotFound`].
+pub fn thaw_all_below(fs: &CgroupFs, rel: &Path) -> Result<usize, CgroupError> {
+    if !rel.components().all(|c| matches!(c, Component::Normal(_))) {
+        return Err(CgroupError::InvalidPath {
+            value: rel.display().to_string(),
+            reason: "must be relative, without \"..\"",
+        });
+    }
+    let top = fs.freezer_root().join(rel);
+    if !top.is_dir() {
+        return Err(CgroupError::NotFound { path: top });
+    }
+    let mut thawed = 0;
+    let mut stack = vec![(top, rel.as_os_str().is_empty())];
+    while let Some((dir, is_root)) = stack.pop() {
+        if !is_root {
+            match thaw_if_frozen(fs.version(), &dir) {
+                Ok(true) => {
+                    tracing::info!(cgroup = %dir.display(), "thawed a cgroup left frozen");
+                    thawed += 1;
+                }
+                Ok(false) => {}
+                Err(CgroupError::NotFound { .. }) => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        let entries = match fs::read_dir(&dir) {
+            Ok(entries) => entries,
+            Err(err) if err.kind() == io::ErrorKind::NotFound => continue,
+            Err(err) => return Err(CgroupError::Read { path: dir, err }),
+        };
+        let mut children = Vec::new();
+        for entry in entries {
+            let entry = entry.map_err(|err| CgroupError::Read {
+                path: dir.clone(),
+                err,
+            })?;
+            // `file_type` does not follow symlinks: only real sub-cgroups are walked.
+            if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                children.push(entry.path());
+            }
+        }
+        children.sort();
+        stack.extend(children.into_iter().rev().map(|d| (d, false)));
+    }
+    Ok(thawed)
+}
+
+/// Thaws `dir` if it is frozen; Ok(true) if it wrote a thaw. A directory without the freezer
+/// file (v2 before kernel 5.2, or a non-cgroup directory in a test tree) is not frozen.
+fn thaw_if_frozen(version: CgroupVersion, dir: &Path) -> Result<bool, CgroupError> {
+    let read = |file| match read_file(dir, file) {
+        Err(CgroupError::Read { err, .. }) if err.kind() == io::ErrorKind::NotFound => Ok(None),
+        other => other.map(Some),
+    };
+    let (file, data) = match version {
+        CgroupVersion::V1 => {
+            let Some((_, state)) = read("freezer.state")? else {
+                return Ok(false);
+            };
+            if !matches!(state.trim(), "FROZEN" | "FREEZING") {
+                return Ok(false);
+            }
+            ("freezer.state", "THAWED")
+        }
+        CgroupVersion::V2 => {
+            let Some((path, state)) = read("cgroup.freeze")? else {
+                return Ok(false);
+            };
+            match state.trim() {
+                "0" => return Ok(false),
+                "1" => {}
+                _ => return Err(CgroupError::Parse { path, data: state }),
+            }
+            ("cgroup.freeze", "0")
+        }
+    };
+    write_file(dir, file, data)?;
+    Ok(true)
+}
+
+/// The value of `key` in a flat-keyed file (`key value` lines: `cpu.stat`, `cgroup.events`).
+fn flat_keyed<'a>(data: &'a str, key: &str) -> Option<&'a str> {
+    data.lines().find_map(|line| {
+        let mut it = line.split_whitespace();
+        (it.next() == Some(key)).then(|| it.next()).flatten()
+    })
+}
+
+/// Reads `dir/file`; `NotFound` names `dir` when the cgroup itself is missing.
+fn read_file(dir: &Path, file: &str) -> Result<(PathBuf, String), CgroupError> {
+    let path = dir.join(file);
+    match fs::read_to_string(&path) {
+        Ok(data) => Ok((path, data)),
+        Err(err) if err.kind() == io::ErrorKind::NotFound && !dir.is_dir() => {
+            Err(CgroupError::NotFound {
+                path: dir.to_path_buf(),
+            })
+        }
+        Err(err) => Err(CgroupError::Read { path, err }),
+    }
+}
+
+/// Writes `data` to the existing `dir/file` in one `write(2)`; never creates anything.
+fn write_file(dir: &Path, file: &str, data: &str) -> Result<(), CgroupError> {
+    let path = dir.join(file);
+    let result = fs::OpenOptions::new()
+        .write(true)
+        .create(false)
+        .truncate(true)
+        .open(&path)
+        .and_then(|mut f| f.write_all(data.as_bytes()));
+    match result {
+        Ok(()) => Ok(()),
+        Err(err) if err.kind() == io::ErrorKind::NotFound && !dir.is_dir() => {
+            Err(CgroupError::NotFound {
+                path: dir.to_path_buf(),
+            })
+        }
+        Err(err) => Err(CgroupError::Write {
+            data: data.to_string(),
+            path,
+            err,
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+    use std::process::{Child, Command};
+
+    use proptest::prelude::*;
+    use tempfile::TempDir;
+
+    use crate::throttle::pidmap::PidMap;
+
+    const REL: &str = "kubepods/burstable/pod1/abc";
+    const NRI_PATH: &str = "/kubepods/burstable/pod1/abc";
+
+    fn put(path: &Path, content: &str) {
+        fs::create_dir_all(path.parent().unwrap()).unwrap();
+        fs::write(path, content).unwrap();
+    }
+
+    fn get(path: &Path) -> String {
+        fs::read_to_string(path).unwrap()
+    }
+
+    /// A tempdir laid out like a v1 cgroupfs, with `rels` as cgroups holding plain files.
+    fn fake_v1(rels: &[&str]) -> (TempDir, CgroupFs) {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path();
+        fs::create_dir_all(root.join("freezer")).unwrap();
+        fs::create_dir_all(root.join("cpuacct")).unwrap();
+        for rel in rels {
+            put(
+                &root.join("freezer").join(rel).join("freezer.state"),
+                "THAWED\n",
+            );
+            put(&root.join("freezer").join(rel).join("cgroup.procs"), "");
+            put(&root.join("cpuacct").join(rel).join("cpuacct.usage"), "0\n");
+        }
+        let fs = CgroupFs::new(root, CgroupVersion::V1);
+        (tmp, fs)
+    }
+
+    /// A tempdir laid out like a v2 cgroupfs.
+    fn fake_v2(rels: &[&str]) -> (TempDir, CgroupFs) {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path();
+        put(&root.join("cgroup.controllers"), "cpu memory\n");
+        for rel in rels {
+            let dir = root.join(rel);
+            put(&dir.join("cgroup.freeze"), "0\n");
+            put(&dir.join("cgroup.events"), "populated 1\nfrozen 0\n");
+            put(&dir.join("cgroup.procs"), "");
+            put(
+                &dir.join("cpu.stat"),
+                "usage_usec 0\nuser_usec 0\nsystem_usec 0\n",
+            );
+        }
+        let fs = CgroupFs::new(root, CgroupVersion::V2);
+        (tmp, fs)
+    }
+
+    fn rel(s: &str) -> PathBuf {
+        CgroupFs::relative_path(s).unwrap()
+    }
+
+    #[test]
+    fn relative_path_cgroupfs_form() {
+        assert_eq!(rel(NRI_PATH), PathBuf::from(REL));
+        assert_eq!(rel(REL), PathBuf::from(REL));
+        assert_eq!(rel("//a/./b/"), PathBuf::from("a/b"));
+        assert_eq!(
+            rel("/gpushare-e2e/gpushare-try.X/poduid-gpod/0123abcd"),
+            PathBuf::from("gpushare-e2e/gpushare-try.X/poduid-gpod/0123abcd")
+        );
+        // A leading '/' means cgroupfs form even with a ':' inside.
+        assert_eq!(rel("/a/b:c"), PathBuf::from("a/b:c"));
+    }
+
+    #[test]
+    fn relative_path_systemd_form_is_expanded_like_runc() {
+        assert_eq!(
+            rel("kubepods-burstable-pod1.slice:cri-containerd:abc"),
+            PathBuf::from(
+                "kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1.slice/cri-containerd-abc.scope"
+            )
+        );
+        assert_eq!(
+            rel("kubepods-pod2.slice:cri-containerd:def"),
+            PathBuf::from("kubepods.slice/kubepods-pod2.slice/cri-containerd-def.scope")
+        );
+        assert_eq!(
+            rel(":cri-containerd:abc"),
+            PathBuf::from("system.slice/cri-containerd-abc.scope")
+        );
+        assert_eq!(rel("-.slice:runc:abc"), PathBuf::from("runc-abc.scope"));
+        assert_eq!(
+            rel("machine.slice:ignored:my-sub.slice"),
+            PathBuf::from("machine.slice/my-sub.slice")
+        );
+    }
+
+    #[test]
+    fn relative_path_rejections_name_the_value() {
+        for bad in [
+            "",
+            "   ",
+            "/",
+            "//./",
+            "../x",
+            "a/../../b",
+            "a/../b",
+            "/a/..",
+            "..",
+            "a\0b",
+            "a:b",
+            "a:b:c:d",
+            "foo:p:n",
+            ".slice:p:n",
+            "a--b.slice:p:n",
+            "-a.slice:p:n",
+            "a/b.slice:p:n",
+            "a.slice:p/q:n",
+            "a.slice:p:../../x",
+            "a.slice:p:",
+        ] {
+            let err = CgroupFs::relative_path(bad).expect_err(bad);
+            assert!(
+                matches!(err, CgroupError::InvalidPath { .. }),
+                "{bad:?}: {err}"
+            );
+            assert!(err.to_string().contains(&format!("{bad:?}")), "{err}");
+        }
+    }
+
+    #[test]
+    fn detect_layouts() {
+        let (_t1, v1) = fake_v1(&[]);
+        let got = CgroupFs::detect(v1.root()).unwrap();
+        assert_eq!(got.version(), CgroupVersion::V1);
+        assert_eq!(got.root(), v1.root());
+        let (_t2, v2) = fake_v2(&[]);
+        assert_eq!(
+            CgroupFs::detect(v2.root()).unwrap().version(),
+            CgroupVersion::V2
+        );
+        let empty = tempfile::tempdir().unwrap();
+        let err = CgroupFs::detect(empty.path()).unwrap_err();
+        assert!(matches!(err, CgroupError::UnknownLayout { .. }));
+        assert!(
+            err.to_string()
+                .contains(&empty.path().display().to_string())
+        );
+    }
+
+    #[test]
+    fn container_dirs() {
+        let (_t, v1) = fake_v1(&[REL]);
+        let cg = v1.container(NRI_PATH).unwrap();
+        assert_eq!(cg.freezer_dir(), v1.root().join("freezer").join(REL));
+        assert_eq!(cg.cpu_dir(), v1.root().join("cpuacct").join(REL));
+        assert_eq!(cg.relative(), Path::new(REL));
+        assert!(cg.exists());
+        let (_t, v2) = fake_v2(&[REL]);
+        let cg = v2.container(REL).unwrap();
+        assert_eq!(cg.freezer_dir(), v2.root().join(REL));
+        assert_eq!(cg.cpu_dir(), v2.root().join(REL));
+        assert!(v2.container("../etc").is_err());
+    }
+
+    #[test]
+    fn v1_cpuacct_comounted_with_cpu() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path();
+        put(
+            &root.join("freezer").join(REL).join("freezer.state"),
+            "THAWED\n",
+        );
+        put(
+            &root.join("cpu,cpuacct").join(REL).join("cpuacct.usage"),
+            "123456789\n",
+        );
+        let fs = CgroupFs::new(root, CgroupVersion::V1);
+        let cg = fs.container(NRI_PATH).unwrap();
+        assert_eq!(cg.cpu_dir(), root.join("cpu,cpuacct").join(REL));
+        assert_eq!(cg.cpu_usage_ns().unwrap(), 123_456_789);
+    }
+
+    #[test]
+    fn v1_freeze_thaw_write_freezer_state() {
+        let (_t, fs) = fake_v1(&[REL]);
+        let cg = fs.container(NRI_PATH).unwrap();
+        let state = cg.freezer_dir().join("freezer.state");
+        assert!(!cg.is_frozen().unwrap());
+        cg.freeze().unwrap();
+        assert_eq!(get(&state), "FROZEN");
+        assert!(cg.is_frozen().unwrap());
+        assert!(cg.wait_frozen(Duration::from_millis(10)).unwrap());
+        cg.thaw().unwrap();
+        assert_eq!(get(&state), "THAWED");
+        assert!(!cg.is_frozen().unwrap());
+        // The kernel may report FREEZING for a while: it counts as frozen, is not yet
+        // complete, and thaw works from it (the longer old content is truncated).
+        put(&state, "FREEZING\n");
+        assert!(cg.is_frozen().unwrap());
+        let t = Instant::now();
+        assert!(!cg.wait_frozen(Duration::from_millis(30)).unwrap());
+        assert!(t.elapsed() >= Duration::from_millis(30));
+        cg.thaw().unwrap();
+        assert_eq!(get(&state), "THAWED");
+        // Nothing else was written to.
+        assert_eq!(get(&cg.freezer_dir().join("cgroup.procs")), "");
+    }
+
+    #[test]
+    fn v2_freeze_thaw_write_cgroup_freeze() {
+        let (_t, fs) = fake_v2(&[REL]);
+        let cg = fs.container(NRI_PATH).unwrap();
+        let freeze = cg.freezer_dir().join("cgroup.freeze");
+        let events = cg.freezer_dir().join("cgroup.events");
+        assert!(!cg.is_frozen().unwrap());
+        cg.freeze().unwrap();
+        assert_eq!(get(&freeze), "1");
+        assert!(cg.is_frozen().unwrap());
+        // Requested but not complete until cgroup.events says so.
+        assert!(!cg.wait_frozen(Duration::from_millis(20)).unwrap());
+        put(&events, "populated 1\nfrozen 1\n");
+        assert!(cg.wait_frozen(Duration::from_millis(20)).unwrap());
+        cg.thaw().unwrap();
+        assert_eq!(get(&freeze), "0");
+        // Frozen through an ancestor: cgroup.freeze 0 but events frozen 1.
+        assert!(cg.is_frozen().unwrap());
+        put(&events, "populated 1\nfrozen 0\n");
+        assert!(!cg.is_frozen().unwrap());
+        put(&freeze, "bogus\n");
+        assert!(matches!(cg.is_frozen(), Err(CgroupError::Parse { .. })));
+    }
+
+    #[test]
+    fn missing_cgroup_is_an_error_naming_it_and_nothing_is_created() {
+        for (_t, fs) in [fake_v1(&["other"]), fake_v2(&["other"])] {
+            let cg = fs.container("/kubepods/gone/abc").unwrap();
+            assert!(!cg.exists());
+            let results = [
+                cg.freeze().err(),
+                cg.thaw().err(),
+                cg.is_frozen().err(),
+                cg.wait_frozen(Duration::from_millis(1)).err(),
+                cg.cpu_usage_ns().err(),
+                cg.pids().err(),
+            ];
+            for err in results {
+                let err = err.expect("missing cgroup must fail");
+                assert!(matches!(err, CgroupError::NotFound { .. }), "{err}");
+                assert!(
+                    err.to_string().contains("kubepods/gone/abc"),
+                    "error must name the path: {err}"
+                );
+            }
+            assert!(!cg.freezer_dir().exists());
+            assert!(!cg.freezer_dir().parent().unwrap().exists());
+            assert!(!cg.cpu_dir().exists());
+        }
+    }
+
+    #[test]
+    fn missing_file_in_existing_cgroup_is_a_write_error_with_data_and_path() {
+        let (_t, fs) = fake_v1(&[REL]);
+        let cg = fs.container(REL).unwrap();
+        fs::remove_file(cg.freezer_dir().join("freezer.state")).unwrap();
+        let err = cg.freeze().unwrap_err();
+        let msg = err.to_string();
+        assert!(matches!(err, CgroupError::Write { .. }), "{msg}");
+        assert!(
+            msg.contains("FROZEN") && msg.contains("freezer.state"),
+            "{msg}"
+        );
+        assert!(!cg.freezer_dir().join("freezer.state").exists());
+    }
+
+    #[test]
+    fn cpu_usage_both_versions() {
+        let (_t, fs) = fake_v1(&[REL]);
+        let cg = fs.container(REL).unwrap();
+        put(&cg.cpu_dir().join("cpuacct.usage"), "987654321012\n");
+        assert_eq!(cg.cpu_usage_ns().unwrap(), 987_654_321_012);
+        put(&cg.cpu_dir().join("cpuacct.usage"), "n/a\n");
+        let err = cg.cpu_usage_ns().unwrap_err();
+        assert!(matches!(err, CgroupError::Parse { .. }));
+        assert!(err.to_string().contains("cpuacct.usage"));
+
+        let (_t, fs) = fake_v2(&[REL]);
+        let cg = fs.container(REL).unwrap();
+        put(
+            &cg.cpu_dir().join("cpu.stat"),
+            "usage_usec 1234567\nuser_usec 1000000\nsystem_usec 234567\nnr_periods 0\n",
+        );
+        assert_eq!(cg.cpu_usage_ns().unwrap(), 1_234_567_000);
+        put(&cg.cpu_dir().join("cpu.stat"), "user_usec 1\n");
+        assert!(matches!(cg.cpu_usage_ns(), Err(CgroupError::Parse { .. })));
+        put(
+            &cg.cpu_dir().join("cpu.stat"),
+            &format!("usage_usec {}\n", u64::MAX),
+        );
+        assert!(matches!(cg.cpu_usage_ns(), Err(CgroupError::Parse { .. })));
+    }
+
+    #[test]
+    fn pids_from_cgroup_procs() {
+        let (_t, fs) = fake_v1(&[REL]);
+        let cg = fs.container(REL).unwrap();
+        put(&cg.freezer_dir().join("cgroup.procs"), "12\n345\n\n6789\n");
+        assert_eq!(cg.pids().unwrap(), vec![12, 345, 6789]);
+        put(&cg.freezer_dir().join("cgroup.procs"), "12\nx\n");
+        assert!(matches!(cg.pids(), Err(CgroupError::Parse { .. })));
+    }
+
+    #[test]
+    fn thaw_all_below_v1_tree() {
+        let rels = [
+            "kubepods",
+            "kubepods/pod1",
+            "kubepods/pod1/a",
+            "kubepods/pod1/b",
+            "kubepods/pod2/c",
+            "kubepods/pod2/c/sub",
+            "other/d",
+        ];
+        let (_t, fs) = fake_v1(&rels);
+        let state = |r: &str| fs.root().join("freezer").join(r).join("freezer.state");
+        put(&state("kubepods/pod1/a"), "FROZEN\n");
+        put(&state("kubepods/pod2/c"), "FREEZING\n");
+        put(&state("kubepods/pod2/c/sub"), "FROZEN\n");
+        put(&state("other/d"), "FROZEN\n");
+        assert_eq!(thaw_all_below(&fs, Path::new("kubepods")).unwrap(), 3);
+        for r in &rels[..6] {
+            assert_eq!(get(&state(r)).trim(), "THAWED", "{r}");
+        }
+        assert_eq!(get(&state("other/d")), "FROZEN\n", "outside rel: untouched");
+        assert_eq!(thaw_all_below(&fs, Path::new("kubepods")).unwrap(), 0);
+        // The whole hierarchy (the root cgroup itself has no freezer.state and is skipped).
+        assert_eq!(thaw_all_below(&fs, Path::new("")).unwrap(), 1);
+        assert_eq!(get(&state("other/d")), "THAWED");
+        // A frozen rel itself counts.
+        put(&state("kubepods/pod1"), "FROZEN\n");
+        assert_eq!(thaw_all_below(&fs, Path::new("kubepods/pod1")).unwrap(), 1);
+
+        let err = thaw_all_below(&fs, Path::new("nope")).unwrap_err();
+        assert!(matches!(err, CgroupError::NotFound { .. }));
+        assert!(err.to_string().contains("nope"));
+        assert!(!fs.root().join("freezer/nope").exists());
+        for bad in ["../x", "/kubepods", "kubepods/../other"] {
+            assert!(matches!(
+                thaw_all_below(&fs, Path::new(bad)),
+                Err(CgroupError::InvalidPath { .. })
+            ));
+        }
+    }
+
+    #[test]
+    fn thaw_all_below_v2_tree() {
+        let rels = ["kubepods", "kubepods/pod1/a", "kubepods/pod1/b", "x"];
+        let (_t, fs) = fake_v2(&rels);
+        let freeze = |r: &str| fs.root().join(r).join("cgroup.freeze");
+        put(&freeze("kubepods/pod1/a"), "1\n");
+        put(&freeze("kubepods/pod1/b"), "1\n");
+        put(&freeze("x"), "1\n");
+        // "kubepods/pod1" is a plain directory without cgroup files: not frozen, walked.
+        assert!(!fs.root().join("kubepods/pod1/cgroup.freeze").exists());
+        assert_eq!(thaw_all_below(&fs, Path::new("kubepods")).unwrap(), 2);
+        assert_eq!(get(&freeze("kubepods/pod1/a")), "0");
+        assert_eq!(get(&freeze("kubepods/pod1/b")), "0");
+        assert_eq!(get(&freeze("x")), "1\n");
+    }
+
+    proptest! {
+        #[test]
+        fn relative_path_never_escapes(s in "[a-z./:\\-]{0,24}|\\PC{0,24}") {
+            if let Ok(p) = CgroupFs::relative_path(&s) {
+                prop_assert!(!p.as_os_str().is_empty());
+                prop_assert!(p.is_relative());
+                prop_assert!(p.components().all(|c| matches!(c, Component::Normal(_))), "{:?} -> {:?}", s, p);
+                let root = Path::new("/sys/fs/cgroup/freezer");
+                prop_assert!(root.join(&p).starts_with(root));
+                prop_assert!(root.join(&p) != root);
+            }
+        }
+
+        #[test]
+        fn relative_path_of_components(parts in proptest::collection::vec("[a-z0-9.\\-]{1,8}", 1..6)) {
+            let s = format!("/{}", parts.join("/"));
+            let res = CgroupFs::relative_path(&s);
+            if parts.iter().any(|p| p == "..") {
+                prop_assert!(res.is_err());
+            } else if let Ok(p) = res {
+                let kept: Vec<&str> = parts.iter().map(String::as_str).filter(|p| *p != ".").collect();
+                prop_assert_eq!(p, PathBuf::from(kept.join("/")));
+            } else {
+                prop_assert!(parts.iter().all(|p| p == "."));
+            }
+        }
+    }
+
+    // ---- Real hierarchy (root only) ----
+
+    fn require_root() -> bool {
+        if nix::unistd::geteuid().is_root() {
+            return true;
+        }
+        if std::env::var("CI").as_deref() == Ok("true") {
+            panic!("real cgroup test needs root (CI=true)");
+        }
+        eprintln!("skipping: needs root");
+        false
+    }
+
+    /// Cleans up a real-cgroup test even when an assertion fails: thaws, kills the busy
+    /// process, removes the cgroups (children first) and unmounts.
+    #[derive(Default)]
+    struct RealGuard {
+        thaw: Vec<(PathBuf, &'static str)>,
+        child: Option<Child>,
+        dirs: Vec<PathBuf>,
+        mount: Option<PathBuf>,
+        _tmp: Option<TempDir>,
+    }
+
+    impl RealGuard {
+        fn mkdir(&mut self, dir: PathBuf) {
+            fs::create_dir(&dir).unwrap_or_else(|e| panic!("mkdir {}: {e}", dir.display()));
+            self.dirs.push(dir);
+        }
+    }
+
+    impl Drop for RealGuard {
+        fn drop(&mut self) {
+            for (file, data) in &self.thaw {
+                let _ = fs::write(file, data);
+            }
+            if let Some(mut child) = self.child.take() {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+            for dir in self.dirs.iter().rev() {
+                // rmdir fails with EBUSY until the killed process has left the cgroup.
+                for _ in 0..100 {
+                    match fs::remove_dir(dir) {
+                        Ok(()) => break,
+                        Err(e) if e.kind() == io::ErrorKind::NotFound => break,
+                        Err(_) => thread::sleep(Duration::from_millis(20)),
+                    }
+                }
+                if dir.exists() {
+                    eprintln!("warning: could not remove {}", dir.display());
+                }
+            }
+            if let Some(mount) = self.mount.take() {
+                let c = std::ffi::CString::new(mount.as_os_str().as_encoded_bytes()).unwrap();
+                // SAFETY: a valid NUL-terminated path.
+                if unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) } != 0 {
+                    eprintln!(
+                        "warning: umount {}: {}",
+                        mount.display(),
+                        io::Error::last_os_error()
+                    );
+                }
+            }
+        }
+    }
+
+    fn busy_process(guard: &mut RealGuard) -> u32 {
+        let child = Command::new("sh")
+            .args(["-c", "while :; do :; done"])
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        guard.child = Some(child);
+        pid
+    }
+
+    fn enter(dir: &Path, pid: u32) {
+        fs::write(dir.join("cgroup.procs"), pid.to_string())
+            .unwrap_or_else(|e| panic!("moving {pid} into {}: {e}", dir.display()));
+    }
+
+    fn growth_ns(cg: &ContainerCgroup, over: Duration) -> u64 {
+        let before = cg.cpu_usage_ns().unwrap();
+        thread::sleep(over);
+        cg.cpu_usage_ns().unwrap() - before
+    }
+
+    /// The common part of the v1 and v2 real tests: `cg` holds (only) the busy `pid`, and
+    /// `sub` is an empty sub-cgroup of it in the freezer hierarchy.
+    fn exercise_real(fs: &CgroupFs, cgroups_path: &str, pid: u32, sub: &Path) {
+        let cg = fs.container(cgroups_path).unwrap();
+        let window = Duration::from_millis(200);
+        let busy = 20_000_000; // 20 ms of CPU in 200 ms: running (2 shared cores)
+        let idle = 1_000_000; // 1 ms: stopped
+        assert!(cg.exists());
+        assert_eq!(cg.pids().unwrap(), vec![pid]);
+        assert!(!cg.is_frozen().unwrap());
+        let g = growth_ns(&cg, window);
+        assert!(g > busy, "running: only {g} ns in {window:?}");
+
+        let t = Instant::now();
+        cg.freeze().unwrap();
+        assert!(cg.is_frozen().unwrap());
+        assert!(
+            cg.wait_frozen(Duration::from_secs(5)).unwrap(),
+            "not frozen in 5 s"
+        );
+        eprintln!(
+            "{:?}: first freeze complete after {:?}",
+            fs.version(),
+            t.elapsed()
+        );
+        let g = growth_ns(&cg, window);
+        assert!(g < idle, "frozen: still {g} ns in {window:?}");
+
+        let t = Instant::now();
+        cg.thaw().unwrap();
+        let thaw_call = t.elapsed();
+        assert!(!cg.is_frozen().unwrap());
+        let g = growth_ns(&cg, window);
+        assert!(g > busy, "thawed: only {g} ns in {window:?}");
+        eprintln!("{:?}: thaw write took {thaw_call:?}", fs.version());
+
+        // Freeze latency over a few duty cycles.
+        let mut lat = Vec::new();
+        for _ in 0..20 {
+            let t = Instant::now();
+            cg.freeze().unwrap();
+            assert!(cg.wait_frozen(Duration::from_secs(5)).unwrap());
+            lat.push(t.elapsed());
+            thread::sleep(Duration::from_millis(5));
+            cg.thaw().unwrap();
+            thread::sleep(Duration::from_millis(5));
+        }
+        lat.sort();
+        eprintln!(
+            "{:?}: freeze→frozen latency over 20 cycles: min {:?}, median {:?}, max {:?}",
+            fs.version(),
+            lat[0],
+            lat[10],
+            lat[19]
+        );
+
+        // Host PID → container, also from a sub-cgroup of the container's cgroup.
+        let containers: HashMap<PathBuf, String> = HashMap::from([(
+            CgroupFs::relative_path(cgroups_path).unwrap(),
+            "cid-real".to_string(),
+        )]);
+        let mut map = PidMap::new("/proc", fs.version());
+        assert_eq!(
+            map.container_of(pid, &containers).as_deref(),
+            Some("cid-real")
+        );
+        assert_eq!(map.container_of(std::process::id(), &containers), None);
+        enter(sub, pid);
+        assert_eq!(cg.pids().unwrap(), Vec::<u32>::new());
+        map.invalidate();
+        assert_eq!(
+            map.container_of(pid, &containers).as_deref(),
+            Some("cid-real")
+        );
+
+        // Freezing the container's cgroup freezes its sub-cgroups' processes too.
+        cg.freeze().unwrap();
+        assert!(cg.wait_frozen(Duration::from_secs(5)).unwrap());
+        let g = growth_ns(&cg, window);
+        assert!(g < idle, "frozen parent: sub-cgroup still ran {g} ns");
+
+        // Start-up safety: thaw_all_below finds it.
+        let rel = CgroupFs::relative_path(cgroups_path).unwrap();
+        assert_eq!(thaw_all_below(fs, &rel).unwrap(), 1);
+        assert!(!cg.is_frozen().unwrap());
+        let g = growth_ns(&cg, window);
+        assert!(g > busy, "thawed by thaw_all_below: only {g} ns");
+    }
+
+    #[test]
+    fn real_cgroup_v1_freeze_thaw_cpu_and_pidmap() {
+        if !require_root() {
+            return;
+        }
+        let root = Path::new("/sys/fs/cgroup");
+        if !root.join("freezer/cgroup.procs").is_file() {
+            eprintln!("skipping: no cgroup v1 freezer hierarchy at /sys/fs/cgroup/freezer");
+            return;
+        }
+        let fs = CgroupFs::new(root, CgroupVersion::V1);
+        let name = format!("gpushare-test-{}", std::process::id());
+        let mut guard = RealGuard::default();
+        let freezer = fs.freezer_root().join(&name);
+        let cpu = fs.cpu_root().join(&name);
+        guard.mkdir(freezer.clone());
+        guard.thaw.push((freezer.join("freezer.state"), "THAWED"));
+        let sub = freezer.join("sub");
+        guard.mkdir(sub.clone());
+        guard.thaw.insert(0, (sub.join("freezer.state"), "THAWED"));
+        guard.mkdir(cpu.clone());
+        let pid = busy_process(&mut guard);
+        enter(&freezer, pid);
+        enter(&cpu, pid);
+        exercise_real(&fs, &format!("/{name}"), pid, &sub);
+    }
+
+    #[test]
+    fn real_cgroup_v2_freeze_thaw_cpu_and_pidmap() {
+        if !require_root() {
+            return;
+        }
+        let mut guard = RealGuard::default();
+        let tmp = tempfile::tempdir().unwrap();
+        let mnt = tmp.path().to_path_buf();
+        guard._tmp = Some(tmp);
+        let target = std::ffi::CString::new(mnt.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: valid NUL-terminated strings; no data argument.
+        let rc = unsafe {
+            libc::mount(
+                c"none".as_ptr(),
+                target.as_ptr(),
+                c"cgroup2".as_ptr(),
+                0,
+                std::ptr::null(),
+            )
+        };
+        if rc != 0 {
+            eprintln!(
+                "skipping v2: cannot mount cgroup2: {}",
+                io::Error::last_os_error()
+            );
+            return;
+        }
+        guard.mount = Some(mnt.clone());
+        let fs = CgroupFs::detect(&mnt).unwrap();
+        assert_eq!(fs.version(), CgroupVersion::V2);
+        let name = format!("gpushare-test-v2-{}", std::process::id());
+        let dir = mnt.join(&name);
+        guard.mkdir(dir.clone());
+        if !dir.join("cgroup.freeze").is_file() {
+            eprintln!("skipping v2: no cgroup.freeze (kernel < 5.2)");
+            return;
+        }
+        guard.thaw.push((dir.join("cgroup.freeze"), "0"));
+        let sub = dir.join("sub");
+        guard.mkdir(sub.clone());
+        guard.thaw.insert(0, (sub.join("cgroup.freeze"), "0"));
+        let pid = busy_process(&mut guard);
+        enter(&dir, pid);
+        exercise_real(&fs, &name, pid, &sub);
+    }
+}

@@ -1,0 +1,113 @@
+//! The guardian: a small process the agent starts beside itself that thaws every cgroup the
+//! controller may have frozen as soon as the agent is gone — however it went, SIGKILL
+//! included. It holds the read end of a pipe whose write end only the agent has; when the
+//! agent dies the kernel closes it, the guardian reads EOF, thaws the cgroups listed in the
+//! controller's guardian list, and exits.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+/// Thaws the freezer cgroup at `dir`, v1 (`freezer.state`) or v2 (`cgroup.freeze`).
+/// A cgroup that no longer exists is fine (nothing to thaw).
+pub fn thaw_dir(dir: &Path) -> std::io::Result<bool> {
+    let v1 = dir.join("freezer.state");
+    let v2 = dir.join("cgroup.freeze");
+    let (file, value) = if v1.exists() {
+        (v1, "THAWED")
+    } else if v2.exists() {
+        (v2, "0")
+    } else {
+        return Ok(false);
+    };
+    std::fs::write(file, value)?;
+    Ok(true)
+}
+
+/// Thaws every directory listed (one per line) in `list`. Returns how many it thawed.
+pub fn thaw_listed(list: &Path) -> usize {
+    let Ok(text) = std::fs::read_to_string(list) else {
+        return 0;
+    };
+    text.lines()
+        .filter(|l| !l.trim().is_empty())
+        .filter(|l| thaw_dir(Path::new(l.trim())).unwrap_or(false))
+        .count()
+}
+
+/// The guardian's main: wait for EOF on stdin (the agent's death), then thaw.
+pub fn run(list: &Path) -> std::io::Result<()> {
+    let mut buf = [0u8; 64];
+    let mut stdin = std::io::stdin();
+    loop {
+        match stdin.read(&mut buf) {
+            Ok(0) => break,
+            Ok(_) => continue,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(_) => break,
+        }
+    }
+    let n = thaw_listed(list);
+    eprintln!(
+        "gpushare guardian: agent gone, thawed {n} cgroup(s) from {}",
+        list.display()
+    );
+    Ok(())
+}
+
+/// Starts the guardian (`<exe> guardian --list LIST`) with a pipe on its stdin. Keep the
+/// returned child alive for as long as the agent runs: dropping it does not close the pipe;
+/// the agent's exit does.
+pub fn spawn(exe: &Path, list: &Path) -> std::io::Result<Guardian> {
+    let child = Command::new(exe)
+        .arg("guardian")
+        .arg("--list")
+        .arg(list)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .process_group(0)
+        .spawn()?;
+    Ok(Guardian {
+        child,
+        list: list.to_path_buf(),
+    })
+}
+
+use std::os::unix::process::CommandExt as _;
+
+pub struct Guardian {
+    pub child: Child,
+    pub list: PathBuf,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn thaws_v1_and_v2_dirs_from_the_list() {
+        let dir = tempfile::tempdir().unwrap();
+        let v1 = dir.path().join("v1");
+        let v2 = dir.path().join("v2");
+        std::fs::create_dir_all(&v1).unwrap();
+        std::fs::create_dir_all(&v2).unwrap();
+        std::fs::write(v1.join("freezer.state"), "FROZEN").unwrap();
+        std::fs::write(v2.join("cgroup.freeze"), "1").unwrap();
+        let list = dir.path().join("list");
+        std::fs::write(
+            &list,
+            format!("{}\n{}\n/nonexistent/x\n", v1.display(), v2.display()),
+        )
+        .unwrap();
+        assert_eq!(thaw_listed(&list), 2);
+        assert_eq!(
+            std::fs::read_to_string(v1.join("freezer.state")).unwrap(),
+            "THAWED"
+        );
+        assert_eq!(
+            std::fs::read_to_string(v2.join("cgroup.freeze")).unwrap(),
+            "0"
+        );
+        assert_eq!(thaw_listed(&dir.path().join("missing")), 0);
+    }
+}

@@ -1,0 +1,92 @@
+//! Sample sources: how much of its GPU each container used since the last sample, and how much
+//! GPU memory it holds. One trait; `sim` derives both from the container's cgroup and a file
+//! the container writes, NVML from the driver.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use super::cgroup::ContainerCgroup;
+
+/// A container the controller tracks.
+pub struct Tracked<'a> {
+    pub id: &'a str,
+    pub gpu: u32,
+    pub cgroup: &'a ContainerCgroup,
+}
+
+/// One round of samples.
+#[derive(Debug, Default, Clone)]
+pub struct Sample {
+    /// Share of its GPU, in [0, 1], since the previous sample.
+    pub share: HashMap<String, f64>,
+    /// GPU memory held, bytes.
+    pub memory_bytes: HashMap<String, u64>,
+    /// Host PIDs holding GPU memory, per container (the targets of the `kill` action).
+    pub memory_pids: HashMap<String, Vec<u32>>,
+}
+
+pub trait SampleSource: Send {
+    fn sample(&mut self, tracked: &[Tracked<'_>]) -> Sample;
+}
+
+/// Name of the file, in the directory the agent mounts into each sim container at
+/// [`SIM_CONTAINER_DIR`], where the workload declares the GPU memory it uses (bytes).
+pub const SIM_MEMORY_FILE: &str = "gpu-memory-bytes";
+/// Where a sim container sees its declaration directory.
+pub const SIM_CONTAINER_DIR: &str = "/var/run/gpushare";
+
+/// Simulated GPUs: each sim GPU is one CPU core the agent pins its containers to, so a
+/// container's share of the GPU is the share of that core its cgroup consumed; its GPU memory
+/// is what it declares in `<state_dir>/<container id>/gpu-memory-bytes`.
+pub struct SimSource {
+    state_dir: PathBuf,
+    last: HashMap<String, (u64, Instant)>,
+}
+
+impl SimSource {
+    pub fn new(state_dir: impl Into<PathBuf>) -> Self {
+        SimSource {
+            state_dir: state_dir.into(),
+            last: HashMap::new(),
+        }
+    }
+
+    /// Host directory mounted into container `id` (created by the agent at CreateContainer).
+    pub fn container_dir(state_dir: &std::path::Path, id: &str) -> PathBuf {
+        state_dir.join(id)
+    }
+}
+
+impl SampleSource for SimSource {
+    fn sample(&mut self, tracked: &[Tracked<'_>]) -> Sample {
+        let now = Instant::now();
+        let mut out = Sample::default();
+        let mut seen = HashMap::new();
+        for t in tracked {
+            let Ok(cpu) = t.cgroup.cpu_usage_ns() else {
+                continue;
+            };
+            if let Some((prev_cpu, prev_at)) = self.last.get(t.id) {
+                let wall = now.duration_since(*prev_at).as_nanos() as f64;
+                if wall > 0.0 {
+                    let share = cpu.saturating_sub(*prev_cpu) as f64 / wall;
+                    out.share.insert(t.id.to_string(), share.clamp(0.0, 1.0));
+                }
+            }
+            seen.insert(t.id.to_string(), (cpu, now));
+            let file = Self::container_dir(&self.state_dir, t.id).join(SIM_MEMORY_FILE);
+            if let Ok(text) = std::fs::read_to_string(&file)
+                && let Ok(bytes) = text.trim().parse::<u64>()
+            {
+                out.memory_bytes.insert(t.id.to_string(), bytes);
+                if bytes > 0 {
+                    out.memory_pids
+                        .insert(t.id.to_string(), t.cgroup.pids().unwrap_or_default());
+                }
+            }
+        }
+        self.last = seen;
+        out
+    }
+}
