@@ -442,6 +442,7 @@ impl Controller {
                 id,
                 gpu: h.gpu,
                 cgroup: &h.cgroup,
+                throttled: &h.throttled,
             })
             .collect();
         let sample = self.source.sample(&tracked);

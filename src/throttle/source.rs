@@ -12,7 +12,19 @@ use super::cgroup::ContainerCgroup;
 pub struct Tracked<'a> {
     pub id: &'a str,
     pub gpu: u32,
+    /// The container's cgroup (CPU accounting covers its children).
     pub cgroup: &'a ContainerCgroup,
+    /// The child the controller freezes, where the workload's processes live.
+    pub throttled: &'a ContainerCgroup,
+}
+
+impl Tracked<'_> {
+    /// Every process of the container, in its cgroup or the throttled child.
+    pub fn pids(&self) -> Vec<u32> {
+        let mut pids = self.cgroup.pids().unwrap_or_default();
+        pids.extend(self.throttled.pids().unwrap_or_default());
+        pids
+    }
 }
 
 /// One round of samples.
@@ -81,8 +93,7 @@ impl SampleSource for SimSource {
             {
                 out.memory_bytes.insert(t.id.to_string(), bytes);
                 if bytes > 0 {
-                    out.memory_pids
-                        .insert(t.id.to_string(), t.cgroup.pids().unwrap_or_default());
+                    out.memory_pids.insert(t.id.to_string(), t.pids());
                 }
             }
         }

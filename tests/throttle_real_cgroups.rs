@@ -1,0 +1,362 @@
+//! The throttling controller on real cgroups (v1 freezer/cpuacct/cpuset of this host) with
+//! real busy processes and the production controller, sim sample source: quotas alone and
+//! under contention, burst, the memory action, and the guardian after SIGKILL.
+//! Needs root: in CI (CI=true) a missing root fails; elsewhere the tests skip and say so.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use gpushare::registry::{ContainerRecord, ContainerState, Registry};
+use gpushare::request::GpuGrant;
+use gpushare::throttle::control::Policy;
+use gpushare::throttle::controller::{self, MemoryAction, ThrottleConfig};
+use gpushare::throttle::source::{SIM_MEMORY_FILE, SimSource};
+
+/// The cases share the host's CPUs; run them one at a time.
+static SERIAL: Mutex<()> = Mutex::new(());
+const ROOT: &str = "/sys/fs/cgroup";
+
+fn have_root() -> bool {
+    if nix::unistd::geteuid().is_root() {
+        return true;
+    }
+    if std::env::var("CI").as_deref() == Ok("true") {
+        panic!("real-cgroup throttle tests need root in CI");
+    }
+    eprintln!("skipping: real-cgroup throttle tests need root");
+    false
+}
+
+/// A busy process in its own cgroup (freezer, cpuacct, cpuset pinned to one core).
+struct BusyCgroup {
+    rel: String,
+    child: Child,
+}
+
+impl BusyCgroup {
+    fn start(name: &str, core: usize) -> BusyCgroup {
+        let rel = format!("gpushare-test-{}/{name}", std::process::id());
+        for h in ["freezer", "cpuacct", "cpuset"] {
+            let dir = Path::new(ROOT).join(h).join(&rel);
+            std::fs::create_dir_all(&dir).unwrap();
+            if h == "cpuset" {
+                // The parent needs cpus/mems before a child can have them.
+                let parent = dir.parent().unwrap();
+                for d in [parent, dir.as_path()] {
+                    let mems = std::fs::read_to_string(Path::new(ROOT).join("cpuset/cpuset.mems"))
+                        .unwrap();
+                    std::fs::write(d.join("cpuset.mems"), mems.trim()).unwrap();
+                }
+                std::fs::write(
+                    parent.join("cpuset.cpus"),
+                    std::fs::read_to_string(Path::new(ROOT).join("cpuset/cpuset.cpus"))
+                        .unwrap()
+                        .trim(),
+                )
+                .unwrap();
+                std::fs::write(dir.join("cpuset.cpus"), core.to_string()).unwrap();
+            }
+        }
+        let child = Command::new("sh")
+            .args(["-c", "while :; do :; done"])
+            .stdin(Stdio::null())
+            .spawn()
+            .unwrap();
+        for h in ["cpuset", "cpuacct", "freezer"] {
+            std::fs::write(
+                Path::new(ROOT).join(h).join(&rel).join("cgroup.procs"),
+                child.id().to_string(),
+            )
+            .unwrap();
+        }
+        BusyCgroup { rel, child }
+    }
+
+    fn cpu_ns(&self) -> u64 {
+        std::fs::read_to_string(
+            Path::new(ROOT)
+                .join("cpuacct")
+                .join(&self.rel)
+                .join("cpuacct.usage"),
+        )
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+    }
+
+    fn record(&self, id: &str, gpu: u32, core: Option<u32>, mem_mib: u64) -> ContainerRecord {
+        ContainerRecord {
+            id: id.into(),
+            pod_namespace: "test".into(),
+            pod_name: id.into(),
+            pod_uid: id.into(),
+            container_name: "main".into(),
+            cgroups_path: format!("/{}", self.rel),
+            pid: self.child.id(),
+            state: ContainerState::Running,
+            gpus: vec![GpuGrant {
+                index: gpu,
+                uuid: format!("GPU-{gpu}"),
+                minor: gpu,
+                memory_mib: mem_mib,
+                gpu_memory_mib: 15360,
+                core_percent: core,
+            }],
+        }
+    }
+
+    fn alive(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+}
+
+impl Drop for BusyCgroup {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let freezer = Path::new(ROOT).join("freezer").join(&self.rel);
+        let _ = std::fs::write(
+            freezer
+                .join(controller::THROTTLED_CHILD)
+                .join("freezer.state"),
+            "THAWED",
+        );
+        let _ = std::fs::remove_dir(freezer.join(controller::THROTTLED_CHILD));
+        for h in ["freezer", "cpuacct", "cpuset"] {
+            let dir = Path::new(ROOT).join(h).join(&self.rel);
+            let _ = std::fs::remove_dir(&dir);
+            let _ = std::fs::remove_dir(dir.parent().unwrap());
+        }
+    }
+}
+
+fn config(state: &Path, policy: Policy) -> ThrottleConfig {
+    ThrottleConfig {
+        enabled: true,
+        policy,
+        period_ms: 100,
+        memory_action: MemoryAction::Kill,
+        cgroup_root: PathBuf::from(ROOT),
+        state_dir: state.to_path_buf(),
+    }
+}
+
+/// Share of one core each cgroup used over `window`.
+fn shares(cgs: &[&BusyCgroup], window: Duration) -> Vec<f64> {
+    let t0 = Instant::now();
+    let a: Vec<u64> = cgs.iter().map(|c| c.cpu_ns()).collect();
+    std::thread::sleep(window);
+    let wall = t0.elapsed().as_nanos() as f64;
+    cgs.iter()
+        .zip(a)
+        .map(|(c, a)| (c.cpu_ns() - a) as f64 / wall)
+        .collect()
+}
+
+fn within(got: f64, want: f64, points: f64) -> bool {
+    (got * 100.0 - want * 100.0).abs() <= points
+}
+
+#[test]
+fn real_cgroup_quota_holds_alone() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !have_root() {
+        return;
+    }
+    for q in [10u32, 30, 70] {
+        let state = tempfile::tempdir().unwrap();
+        let cg = BusyCgroup::start(&format!("alone{q}"), 0);
+        let registry = Arc::new(Registry::new());
+        registry.upsert(cg.record("c", 0, Some(q), 1024));
+        let running = controller::start(
+            &config(state.path(), Policy::Hard),
+            registry,
+            Box::new(SimSource::new(state.path().join("sim"))),
+            None,
+        )
+        .unwrap();
+        std::thread::sleep(Duration::from_secs(2));
+        let s = shares(&[&cg], Duration::from_secs(10))[0];
+        running.stop();
+        eprintln!("quota {q}%: achieved {:.1}%", s * 100.0);
+        assert!(
+            within(s, q as f64 / 100.0, 5.0),
+            "quota {q}%: achieved {:.1}%",
+            s * 100.0
+        );
+    }
+}
+
+#[test]
+fn real_cgroup_contention_splits_30_70() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !have_root() {
+        return;
+    }
+    let state = tempfile::tempdir().unwrap();
+    let a = BusyCgroup::start("a30", 1);
+    let b = BusyCgroup::start("b70", 1);
+    let registry = Arc::new(Registry::new());
+    registry.upsert(a.record("a", 1, Some(30), 1024));
+    registry.upsert(b.record("b", 1, Some(70), 1024));
+    let running = controller::start(
+        &config(state.path(), Policy::Hard),
+        registry,
+        Box::new(SimSource::new(state.path().join("sim"))),
+        None,
+    )
+    .unwrap();
+    std::thread::sleep(Duration::from_secs(2));
+    let s = shares(&[&a, &b], Duration::from_secs(10));
+    running.stop();
+    let total = s[0] + s[1];
+    let (sa, sb) = (s[0] / total, s[1] / total);
+    eprintln!(
+        "30/70: achieved {:.1}/{:.1} (core use {:.1}%)",
+        sa * 100.0,
+        sb * 100.0,
+        total * 100.0
+    );
+    assert!(
+        within(sa, 0.30, 5.0) && within(sb, 0.70, 5.0),
+        "split {sa:.3}/{sb:.3}"
+    );
+}
+
+#[test]
+fn real_cgroup_burst_uses_idle_gpu_and_falls_back() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !have_root() {
+        return;
+    }
+    let state = tempfile::tempdir().unwrap();
+    let a = BusyCgroup::start("burst30", 0);
+    let registry = Arc::new(Registry::new());
+    registry.upsert(a.record("a", 0, Some(30), 1024));
+    let running = controller::start(
+        &config(state.path(), Policy::Burst),
+        registry.clone(),
+        Box::new(SimSource::new(state.path().join("sim"))),
+        None,
+    )
+    .unwrap();
+    std::thread::sleep(Duration::from_secs(1));
+    let alone = shares(&[&a], Duration::from_secs(3))[0];
+    let b = BusyCgroup::start("burst70", 0);
+    registry.upsert(b.record("b", 0, Some(70), 1024));
+    std::thread::sleep(Duration::from_secs(2));
+    let s = shares(&[&a, &b], Duration::from_secs(5));
+    running.stop();
+    let total = s[0] + s[1];
+    eprintln!(
+        "burst: alone {:.1}%, then with neighbour {:.1}/{:.1}",
+        alone * 100.0,
+        s[0] / total * 100.0,
+        s[1] / total * 100.0
+    );
+    assert!(
+        alone > 0.6,
+        "a lone burst container should exceed its 30% quota: {alone:.3}"
+    );
+    assert!(
+        within(s[0] / total, 0.30, 5.0),
+        "falls back to quota: {:.3}",
+        s[0] / total
+    );
+}
+
+#[test]
+fn real_cgroup_memory_over_quota_is_killed() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !have_root() {
+        return;
+    }
+    let state = tempfile::tempdir().unwrap();
+    let mut cg = BusyCgroup::start("mem", 0);
+    let registry = Arc::new(Registry::new());
+    registry.upsert(cg.record("m", 0, Some(50), 1024));
+    let running = controller::start(
+        &config(state.path(), Policy::Hard),
+        registry,
+        Box::new(SimSource::new(state.path().join("sim"))),
+        None,
+    )
+    .unwrap();
+    let decl = state.path().join("sim").join("m");
+    std::fs::create_dir_all(&decl).unwrap();
+    std::fs::write(decl.join(SIM_MEMORY_FILE), (512u64 << 20).to_string()).unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(cg.alive(), "within quota: left alone");
+    std::fs::write(decl.join(SIM_MEMORY_FILE), (2048u64 << 20).to_string()).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while cg.alive() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let actions = running.stats.containers.lock().unwrap()["m"].memory_actions;
+    running.stop();
+    assert!(
+        !cg.alive(),
+        "2048 MiB over a 1024 MiB quota: the process is killed"
+    );
+    assert!(actions >= 1, "the action is counted");
+}
+
+#[test]
+fn real_cgroup_guardian_thaws_after_sigkill() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !have_root() {
+        return;
+    }
+    let state = tempfile::tempdir().unwrap();
+    let cg = BusyCgroup::start("guard", 0);
+    let child = Path::new(ROOT)
+        .join("freezer")
+        .join(&cg.rel)
+        .join(controller::THROTTLED_CHILD);
+    std::fs::create_dir_all(&child).unwrap();
+    std::fs::write(child.join("cgroup.procs"), cg.child.id().to_string()).unwrap();
+    std::fs::write(child.join("freezer.state"), "FROZEN").unwrap();
+    let list = state.path().join("guardian.list");
+    std::fs::write(&list, format!("{}\n", child.display())).unwrap();
+    // The "agent": a process holding the write end of the guardian's stdin.
+    let exe = env!("CARGO_BIN_EXE_gpushare");
+    let mut agent = Command::new("sh")
+        .args([
+            "-c",
+            &format!("sleep 1000 | {exe} guardian --list {}", list.display()),
+        ])
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let state_of = || std::fs::read_to_string(child.join("freezer.state")).unwrap();
+    assert_eq!(state_of().trim(), "FROZEN");
+    // SIGKILL the writer (the agent's stand-in): the guardian sees EOF and thaws.
+    let sleep_pid = String::from_utf8(
+        Command::new("pgrep")
+            .args(["-P", &agent.id().to_string(), "sleep"])
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .unwrap();
+    let killed_at = Instant::now();
+    Command::new("kill")
+        .args(["-9", sleep_pid.trim()])
+        .status()
+        .unwrap();
+    while state_of().trim() != "THAWED" && killed_at.elapsed() < Duration::from_secs(1) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let took = killed_at.elapsed();
+    let _ = agent.kill();
+    let _ = agent.wait();
+    eprintln!("guardian thawed {:?} after the SIGKILL", took);
+    assert_eq!(
+        state_of().trim(),
+        "THAWED",
+        "thawed within 1 s of the SIGKILL"
+    );
+}
