@@ -65,6 +65,8 @@ pub struct NodeConfig {
     pub dev_root: Option<PathBuf>,
     /// proc filesystem (for `/proc/devices`).
     pub proc_root: PathBuf,
+    /// The NVML library (gpu_backend nvml): a file name for the dynamic loader, or a path.
+    pub nvml_library: PathBuf,
     /// Also request NVIDIA's CDI devices.
     pub cdi: bool,
     /// Refuse assigned containers that kubelet granted nothing (see `RequestPolicy`).
@@ -87,6 +89,7 @@ impl Default for NodeConfig {
             gpu_backend: GpuBackend::Nvml,
             dev_root: None,
             proc_root: PathBuf::from("/proc"),
+            nvml_library: PathBuf::from("libnvidia-ml.so.1"),
             cdi: false,
             require_grant: true,
             status_listen: None,

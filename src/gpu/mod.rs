@@ -4,6 +4,7 @@
 //! own dev root). The NVML backend reads the same [`GpuInfo`] from the driver.
 
 pub mod devices;
+pub mod nvml;
 pub mod sim;
 
 use serde::{Deserialize, Serialize};

@@ -68,9 +68,10 @@ impl NodeState {
                 })?;
                 Inventory::new(gpus)
             }
-            GpuBackend::Nvml => anyhow::bail!(
-                "gpu_backend nvml: the NVML inventory is not part of this build yet; use gpu_backend sim"
-            ),
+            GpuBackend::Nvml => {
+                let nvml = crate::gpu::nvml::open(&cfg.nvml_library)?;
+                Inventory::new(crate::gpu::nvml::inventory(&nvml)?)
+            }
         };
         let devices = devices::discover(&dev_root, &cfg.proc_root.join("devices"))?;
         Ok(NodeState {

@@ -42,8 +42,12 @@ step "the sample job: limits {aliyun.com/gpu-mem: 2, aliyun.com/gpu-core.percent
 uuid0=$(curl -fsS "127.0.0.1:$PORT/inventory" | jq -r '.inventory.gpus[0].uuid')
 assignment=$(jq -cn --arg u "$uuid0" '{version:1, timestamp:(now|todate), containers:{main:[{gpuIndex:0, gpuUuid:$u, memoryMiB:2048, corePercent:30}]}}')
 echo "pod annotation gpushare.io/assignment: $assignment"
+# The workload: a busy loop that counts rounds (like the sample job's images/sec), written
+# where the agent's sim directory is mounted.
+burn='cd /var/run/gpushare; i=0; while :; do awk "BEGIN{for(j=0;j<20000;j++);}"; i=$((i+1)); echo $i >p.tmp; mv p.tmp progress; done'
+burn_json=$(jq -cn --arg c "$burn" '{command: ["/bin/sh", "-c", $c]}')
 e2e_pod_json sample-job uid-sample-job "$(jq -cn --arg a "$assignment" '{"gpushare.io/assignment":$a}')" >"$root/pod.json"
-e2e_ctr_json main '{"gpushare.io/granted-mem":"2","gpushare.io/granted-core":"30"}' >"$root/ctr.json"
+e2e_ctr_json main '{"gpushare.io/granted-mem":"2","gpushare.io/granted-core":"30"}' "$burn_json" >"$root/ctr.json"
 cid=$(e2e_run_pod_with_container "$root/pod.json" "$root/ctr.json")
 echo "container $cid running"
 
@@ -56,6 +60,22 @@ e2e_crictl exec "$cid" env | grep -E 'NVIDIA|GPUSHARE|ALIYUN' | sort | sed 's/^/
 step "the node agent's registry and metrics"
 curl -fsS "127.0.0.1:$PORT/registry" | jq -c '.[] | {pod: "\(.pod_namespace)/\(.pod_name)", container: .container_name, state, cgroups_path, gpus: [.gpus[] | {index, memory_mib, core_percent}]}'
 curl -fsS "127.0.0.1:$PORT/metrics" | grep -E '^gpushare_gpu_(memory_assigned_mib|core_assigned_percent)\{gpu="0"|^gpushare_create_container_total'
+
+step "compute quota: the same job unconstrained (GPU 1, 100 %) next to the sample job (GPU 0, 30 %)"
+free=$(jq -cn '{version:1, containers:{main:[{gpuIndex:1, memoryMiB:2048, corePercent:100}]}}')
+e2e_pod_json free-job uid-free-job "$(jq -cn --arg a "$free" '{"gpushare.io/assignment":$a}')" >"$root/free-pod.json"
+e2e_ctr_json main '{"gpushare.io/granted-mem":"2","gpushare.io/granted-core":"100"}' "$burn_json" >"$root/free-ctr.json"
+fid=$(e2e_run_pod_with_container "$root/free-pod.json" "$root/free-ctr.json")
+rounds() { cat "$root/state/sim/$1/progress"; }
+sleep 2
+for t in 1 2 3 4 5 6; do
+    a0=$(rounds "$fid"); b0=$(rounds "$cid")
+    sleep 1
+    a=$(( $(rounds "$fid") - a0 )); b=$(( $(rounds "$cid") - b0 ))
+    printf '    t=%ds  unconstrained: %4d rounds/s   sample-job (30%%): %4d rounds/s   ratio %3d%%\n' \
+        "$t" "$a" "$b" $(( a > 0 ? 100 * b / a : 0 ))
+done
+curl -fsS "127.0.0.1:$PORT/metrics" | grep -E '^gpushare_container_(gpu_utilization_ratio|throttled_seconds_total|freezes_total)' | sed 's/,id="[^"]*"//; s/^/    /'
 
 step "a bad request: gpu-core.percentage 33 is refused at container creation"
 bad=$(jq -cn '{version:1, containers:{main:[{gpuIndex:1, memoryMiB:2048, corePercent:33}]}}')

@@ -56,17 +56,21 @@ assignment() { # GPU MEMORY_MIB [CORE]
     echo "{\"version\":1,\"containers\":{\"main\":[{\"gpuIndex\":$1,\"memoryMiB\":$2$core}]}}"
 }
 
-# write_pod NAME ASSIGNMENT(or "") GRANT_MEM(or "") GRANT_CORE(or ""): pod and container
-# configs in $E2E_ROOT/NAME.{pod,ctr}.json, as kubelet would send them after the device
-# plugin's Allocate.
+# write_pod NAME ASSIGNMENT(or "") GRANT_MEM(or "") GRANT_CORE(or "") [COMMAND]: pod and
+# container configs in $E2E_ROOT/NAME.{pod,ctr}.json, as kubelet would send them after the
+# device plugin's Allocate. COMMAND (a shell command) replaces the default sleep.
 write_pod() {
-    local name=$1 assign=$2 mem=$3 core=$4 pod_ann ctr_ann
+    local name=$1 assign=$2 mem=$3 core=$4 cmd=${5:-} pod_ann ctr_ann extra gpu=false
+    [[ -n $assign ]] && gpu=true
     pod_ann=$(jq -cn --arg a "$assign" 'if $a == "" then {} else {"gpushare.io/assignment": $a} end')
     ctr_ann=$(jq -cn --arg m "$mem" --arg c "$core" \
         '(if $m == "" then {} else {"gpushare.io/granted-mem": $m} end) +
          (if $c == "" then {} else {"gpushare.io/granted-core": $c} end)')
     e2e_pod_json "$name" "uid-$name" "$pod_ann" >"$E2E_ROOT/$name.pod.json"
-    e2e_ctr_json main "$ctr_ann" '{"labels":{"gpushare-e2e":"'"$name"'"}}' >"$E2E_ROOT/$name.ctr.json"
+    extra=$(jq -cn --arg n "$name" --arg g "$gpu" --arg c "$cmd" \
+        '{labels: {"gpushare-e2e": $n, "gpushare-e2e-gpu": $g}} +
+         (if $c == "" then {} else {command: ["/bin/sh", "-c", $c]} end)')
+    e2e_ctr_json main "$ctr_ann" "$extra" >"$E2E_ROOT/$name.ctr.json"
 }
 
 run_pod() { # NAME → prints container id
@@ -114,7 +118,7 @@ create_refused() {
 registry_matches_crictl() {
     local reg run
     reg=$(status registry | jq -r '[.[] | select(.state != "stopped") | .id] | sort | .[]')
-    run=$(for p in gpu1 gpu2 gpu3 gpu4; do e2e_crictl ps -q --label "gpushare-e2e=$p"; done | sort)
+    run=$(e2e_crictl ps -q --label gpushare-e2e-gpu=true | sort)
     echo "registry: $(echo $reg) crictl: $(echo $run)"
     [[ -n $reg && $reg == "$run" ]]
 }
@@ -150,6 +154,50 @@ bad_inputs() {
     e2e_check "$V: missing assignment with granted gpu-mem refused" create_refused bad-missing "has no gpushare.io/assignment annotation"
 }
 
+# The seed's step 3: the same busy-loop workload, unconstrained (100 %) on GPU 0 and at 30 %
+# on GPU 1 (each simulated GPU is one CPU core); it counts loop rounds in its sim directory.
+# (Written with a rename: a reader never sees a file the workload froze half-written.)
+BURN='cd /var/run/gpushare; i=0; while :; do awk "BEGIN{for(j=0;j<20000;j++);}"; i=$((i+1)); echo $i >p.tmp; mv p.tmp progress; done'
+BURN_PODS=()
+
+progress() { cat "$E2E_ROOT/state/sim/$1/progress"; }
+
+throttle_step3() {
+    local c100 c30 a0 b0 a1 b1 ratio
+    write_pod burn100 "$(assignment 0 1024 100)" 1 100 "$BURN"
+    write_pod burn30 "$(assignment 1 1024 30)" 1 30 "$BURN"
+    c100=$(run_pod burn100) && BURN_PODS+=("$(e2e_last_pod_id)") &&
+        c30=$(run_pod burn30) && BURN_PODS+=("$(e2e_last_pod_id)") ||
+        { e2e_check "$V: burn pods start" false; return; }
+    BURN30=$c30
+    sleep 3
+    a0=$(progress "$c100"); b0=$(progress "$c30")
+    sleep 10
+    a1=$(progress "$c100"); b1=$(progress "$c30")
+    ratio=$(( (b1 - b0) * 1000 / (a1 - a0 > 0 ? a1 - a0 : 1) ))
+    echo "$V: rates over 10 s: 100% pod $(( (a1 - a0) / 10 ))/s, 30% pod $(( (b1 - b0) / 10 ))/s, ratio $((ratio / 10)).$((ratio % 10))%"
+    e2e_check "$V: 30% pod runs at 30 ±5 % of the unconstrained pod (ratio ${ratio}‰)" test "$ratio" -ge 250 -a "$ratio" -le 350
+    e2e_check "$V: metrics show both pods' utilization and quota" bash -c "
+        m=\$(curl -fsS 127.0.0.1:$PORT/metrics)
+        grep -q 'gpushare_container_gpu_utilization_ratio{pod=\"default/burn100\"' <<<\"\$m\" &&
+        grep -q 'gpushare_container_gpu_core_quota_ratio{pod=\"default/burn30\".*} 0.30' <<<\"\$m\" &&
+        grep -E 'gpushare_container_(gpu_utilization_ratio|throttled_seconds_total)\{pod=\"default/burn' <<<\"\$m\""
+}
+
+# After SIGKILL of the agent, the guardian thaws the throttled pod within 1 s.
+guardian_thaws() {
+    local path state
+    path=$(status registry | jq -r --arg id "$BURN30" '.[] | select(.id == $id) | .cgroups_path')
+    state=/sys/fs/cgroup/freezer$path/gpushare-throttled/freezer.state
+    [[ -f $state ]] || state=/sys/fs/cgroup$path/gpushare-throttled/cgroup.freeze
+    kill -9 "$AGENT_PID"
+    wait "$AGENT_PID" 2>/dev/null || true
+    AGENT_PID=
+    sleep 1
+    echo "after 1 s: $(cat "$state")"
+    grep -qE '^(THAWED|0)$' "$state" && sleep 0.5 && grep -qE '^(THAWED|0)$' "$state"
+}
+
 for V in "${VERSIONS[@]}"; do
     echo "=== containerd $V ==="
     root=$(mktemp -d /tmp/gpushare-e2e.XXXXXX)
@@ -173,9 +221,13 @@ for V in "${VERSIONS[@]}"; do
     e2e_check "$V: second GPU pod on GPU 3" run_pod gpu2
     e2e_check "$V: registry matches crictl" registry_matches_crictl
 
-    kill_agent
+    throttle_step3
+    e2e_check "$V: agent SIGKILLed while throttling: the guardian thaws within 1 s" guardian_thaws
     e2e_require "$V: agent restarted while containers run" start_agent
     e2e_check "$V: after agent restart the registry matches crictl" registry_matches_crictl
+    for p in "${BURN_PODS[@]}"; do e2e_crictl rmp -f "$p" >/dev/null; done
+    BURN_PODS=()
+    e2e_check "$V: removed pods leave the registry" registry_matches_crictl
 
     e2e_restart_containerd
     e2e_check "$V: agent reconnects after containerd restart" wait_healthy
