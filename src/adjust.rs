@@ -18,6 +18,34 @@ pub struct Adjustment {
     pub cpuset: Option<String>,
 }
 
+/// Where MPS clients find the control daemon's pipes inside the container.
+pub const MPS_PIPE_DIR: &str = "/tmp/nvidia-mps";
+
+/// Enforcement backend `mps`: the driver enforces the quotas. The container gets the
+/// compute share as `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`, its memory as
+/// `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` (device ordinals as the container sees them: its
+/// assigned GPUs are 0, 1, … in order), and the pipe directory of its GPU's MPS control
+/// daemon, `<pipe_root>/<gpu index>`, mounted at [`MPS_PIPE_DIR`].
+pub fn add_mps(adj: &mut Adjustment, req: &ContainerRequest, pipe_root: &str) {
+    if let Some(core) = req.gpus.iter().map(|g| g.core_percent).min().flatten() {
+        adj.env
+            .push(("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE".into(), core.to_string()));
+    }
+    let limits: Vec<String> = req
+        .gpus
+        .iter()
+        .enumerate()
+        .map(|(ordinal, g)| format!("{ordinal}={}M", g.memory_mib))
+        .collect();
+    adj.env
+        .push(("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT".into(), limits.join(",")));
+    adj.env
+        .push(("CUDA_MPS_PIPE_DIRECTORY".into(), MPS_PIPE_DIR.into()));
+    let root = pipe_root.trim_end_matches('/');
+    adj.mounts
+        .push((format!("{root}/{}", req.gpus[0].index), MPS_PIPE_DIR.into()));
+}
+
 /// Simulated GPUs: pin the container to the CPU core that stands in for its GPU
 /// (`gpu index mod ncpu`) and mount its declaration directory (GPU memory in use, progress).
 pub fn add_sim(
@@ -218,6 +246,23 @@ mod tests {
             gpus: vec![grant(0, 1024, None)],
         };
         assert_eq!(build(&req, &d, &OPTS), Err(AdjustError::MissingCtl));
+    }
+
+    #[test]
+    fn mps_env_and_pipe_mount() {
+        let req = ContainerRequest {
+            gpus: vec![grant(2, 2048, Some(30))],
+        };
+        let mut adj = build(&req, &devset(4), &OPTS).unwrap();
+        add_mps(&mut adj, &req, "/run/gpushare/mps/");
+        let env: BTreeMap<_, _> = adj.env.iter().cloned().collect();
+        assert_eq!(env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"], "30");
+        assert_eq!(env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"], "0=2048M");
+        assert_eq!(env["CUDA_MPS_PIPE_DIRECTORY"], "/tmp/nvidia-mps");
+        assert_eq!(
+            adj.mounts,
+            [("/run/gpushare/mps/2".to_string(), "/tmp/nvidia-mps".to_string())]
+        );
     }
 
     proptest! {

@@ -18,6 +18,18 @@ pub enum GpuBackend {
     Sim,
 }
 
+/// How quotas are enforced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Enforcement {
+    /// The cgroup-aware throttling controller (any NVIDIA node).
+    #[default]
+    Throttle,
+    /// NVIDIA MPS: the driver enforces the thread percentage and pinned memory limit; one
+    /// MPS control daemon per GPU, its pipe directory under `mps_pipe_root/<index>`.
+    Mps,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum, Default)]
 #[serde(rename_all = "lowercase")]
 pub enum LogFormat {
@@ -69,6 +81,9 @@ pub struct NodeConfig {
     pub nvml_library: PathBuf,
     /// Also request NVIDIA's CDI devices.
     pub cdi: bool,
+    pub enforcement: Enforcement,
+    /// enforcement mps: one pipe directory per GPU index below this.
+    pub mps_pipe_root: PathBuf,
     /// Refuse assigned containers that kubelet granted nothing (see `RequestPolicy`).
     pub require_grant: bool,
     /// `host:port` of the status endpoint (`/healthz`, `/registry`, `/metrics`); off when unset.
@@ -91,6 +106,8 @@ impl Default for NodeConfig {
             proc_root: PathBuf::from("/proc"),
             nvml_library: PathBuf::from("libnvidia-ml.so.1"),
             cdi: false,
+            enforcement: Enforcement::Throttle,
+            mps_pipe_root: PathBuf::from("/run/gpushare/mps"),
             require_grant: true,
             status_listen: None,
             log: LogConfig::default(),

@@ -59,6 +59,7 @@ fn node_state() -> NodeState {
             memory_unit: MemoryUnit::GiB,
         },
         sim: None,
+        mps_pipe_root: None,
     }
 }
 

@@ -9,7 +9,7 @@ use std::time::Instant;
 use serde::Serialize;
 
 use crate::adjust::{self, AdjustOptions};
-use crate::config::{GpuBackend, NodeConfig};
+use crate::config::{Enforcement, GpuBackend, NodeConfig};
 use crate::gpu::devices::{self, DeviceSet};
 use crate::gpu::{Inventory, sim};
 use crate::nri::api::nri_api::{
@@ -36,6 +36,9 @@ pub struct NodeState {
     /// cores stand in for GPUs.
     #[serde(skip)]
     pub sim: Option<SimNode>,
+    /// Enforcement backend `mps`: the host directory holding one MPS pipe directory per GPU.
+    #[serde(skip)]
+    pub mps_pipe_root: Option<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -90,6 +93,8 @@ impl NodeState {
                 dir: sim_dir(cfg),
                 ncpu: std::thread::available_parallelism().map_or(1, |n| n.get()),
             }),
+            mps_pipe_root: (cfg.enforcement == Enforcement::Mps)
+                .then(|| cfg.mps_pipe_root.to_string_lossy().into_owned()),
         })
     }
 }
@@ -211,6 +216,9 @@ impl Node {
         }
         let mut adj =
             adjust::build(&req, &state.devices, &state.adjust).map_err(|e| e.to_string())?;
+        if let Some(root) = &state.mps_pipe_root {
+            adjust::add_mps(&mut adj, &req, root);
+        }
         if let Some(sim) = &state.sim {
             let dir = sim.container_dir(&ctr.id);
             std::fs::create_dir_all(&dir)
