@@ -5,7 +5,9 @@
 //!
 //! * `handler`: `Handler::create_container` on a `Node` called directly (request parsing,
 //!   over-commit check, adjustment, registry insert). Each GPU container is removed again
-//!   (untimed) so the registry never fills the GPU.
+//!   (untimed) so the registry never fills the GPU. The `sim backend` case adds what
+//!   `--gpu-backend sim` does on top (a declaration directory per container, in a temporary
+//!   directory; removed again, untimed); the other cases use a node without it.
 //! * `round trip`: the same request as the runtime sends it, over a real unix socketpair
 //!   through the plugin's multiplexer and ttrpc server (`serve_connection`), with this
 //!   program playing the runtime exactly as `tests/nri_session.rs` does. The plugin runs on
@@ -17,6 +19,7 @@
 //! agent logs one line per admitted GPU container.
 
 use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -24,7 +27,7 @@ use async_trait::async_trait;
 use gpushare::config::LogConfig;
 use gpushare::gpu::devices::{DeviceNode, DeviceSet};
 use gpushare::gpu::{Inventory, sim};
-use gpushare::node::{Node, NodeState};
+use gpushare::node::{Node, NodeState, SimNode};
 use gpushare::nri::api::nri_api::*;
 use gpushare::nri::api::nri_api_ttrpc::{PluginClient, Runtime, create_runtime};
 use gpushare::nri::mux::{Mux, PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN};
@@ -41,7 +44,9 @@ use futures::StreamExt as _;
 const DEFAULT_N: usize = 10_000;
 const WARMUP: usize = 1_000;
 
-fn node_state() -> NodeState {
+/// The node of `tests/nri_session.rs`; with `sim_dir`, the sim backend's extra work too
+/// (a declaration directory per GPU container, a CPU pin and a bind mount).
+fn node_state(sim_dir: Option<&Path>) -> NodeState {
     let node = |p: &str, maj, min| DeviceNode {
         path: p.into(),
         major: maj,
@@ -64,7 +69,11 @@ fn node_state() -> NodeState {
             cdi: false,
             memory_unit: MemoryUnit::GiB,
         },
-        sim: None,
+        sim: sim_dir.map(|dir| SimNode {
+            dir: dir.to_path_buf(),
+            ncpu: 2,
+        }),
+        mps_pipe_root: None,
     }
 }
 
@@ -348,8 +357,14 @@ fn main() {
             })
             .unwrap();
         }
-        let node = Arc::new(Node::new(node_state()));
         let tag = if logging { "log" } else { "nolog" };
+        let sim_node = Node::new(node_state(Some(&log_dir.path().join(format!("sim-{tag}")))));
+        let sim = bench_handler(&sim_node, true, n, &format!("{tag}-sim"));
+        rows.push(stats(
+            &format!("handler, GPU container, sim backend{suffix}"),
+            sim,
+        ));
+        let node = Arc::new(Node::new(node_state(None)));
         let gpu = bench_handler(&node, true, n, &format!("{tag}-gpu"));
         rows.push(stats(&format!("handler, GPU container{suffix}"), gpu));
         let plain = bench_handler(&node, false, n, &format!("{tag}-plain"));

@@ -1,0 +1,197 @@
+#!/usr/bin/env bash
+# What the gpushare plugin adds to container creation on a real runtime: `crictl create` +
+# `crictl start` wall time with and without `gpushare node` connected to containerd 2.x,
+# in the same run. Prints numbers; never gates anything. Needs root (like tests/e2e).
+#
+# Usage: bench/crictl_overhead.sh [ROUNDS] [PODS_PER_ROUND]     (default: 10 10)
+#   GPUSHARE_BIN           agent binary (default target/release/gpushare; cargo build --release)
+#   GPUSHARE_BENCH_PORT    agent status port (default 19403)
+#   GPUSHARE_BENCH_RAW     if set, a file to which the raw samples are written
+#   GPUSHARE_BENCH_AGENT_ARGS  extra `gpushare node` arguments (word-split), e.g. --no-throttle
+#   GPUSHARE_BENCH_TMPFS   0 to keep containerd's root on the disk under /tmp (default: tmpfs)
+#   GPUSHARE_BENCH_POD     gpu (default) or plain: a pod without GPU annotations, which the
+#                          plugin passes through (isolates what NRI itself costs)
+#
+# Design (for a fair comparison):
+#   * One containerd 2.x instance (tests/e2e/lib.sh), one pod and container config for both
+#     modes: a host-network GPU pod with the device plugin's assignment annotation and the
+#     granted-mem/-core container annotations. Without the plugin containerd just carries
+#     the annotations; with it, the plugin admits the container and adjusts it.
+#   * ROUNDS rounds; each round measures both modes, in ABBA order (even rounds: without,
+#     then with; odd rounds: with, then without), so slow drift of the host or of containerd
+#     weighs on both modes alike. The mode is switched by starting the agent (waiting until
+#     it is registered) or killing it (kill -9, as in tests/e2e/run.sh).
+#   * After each switch one untimed warm-up pod checks the mode really is in effect: its
+#     container's OCI spec has GPUSHARE_GPU_MEMORY_MIB with the plugin and not without.
+#   * Per pod: `crictl runp` (not timed), then `crictl create` + `crictl start` of the
+#     container (timed, separately and together), then `crictl rmp -f` (not timed).
+#   * Times are wall-clock around the crictl processes, so they include crictl's own start
+#     (the same in both modes). The agent logs at info to a file, as deployed, and keeps its
+#     state (sim declaration directories, guardian list) under the instance's root.
+#   * containerd's root lives on a tmpfs: the e2e setup uses the native snapshotter, which
+#     copies the image for every container; on a (shared, throttled) disk that copy makes
+#     create times swing between ~40 and ~300 ms in long stretches, far above the plugin's
+#     share. On tmpfs the copy is cheap, closer to what overlayfs costs on a real node.
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+repo=$(cd "$here/.." && pwd)
+# shellcheck source=tests/e2e/lib.sh
+source "$repo/tests/e2e/lib.sh"
+
+BIN=${GPUSHARE_BIN:-$repo/target/release/gpushare}
+[[ -x $BIN ]] || { echo "bench: $BIN not built (cargo build --release)" >&2; exit 1; }
+ROUNDS=${1:-10}
+PODS=${2:-10}
+PORT=${GPUSHARE_BENCH_PORT:-19403}
+read -r -a AGENT_ARGS <<<"${GPUSHARE_BENCH_AGENT_ARGS:-}"
+AGENT_PID=
+TMPFS=
+
+cleanup() {
+    [[ -z $AGENT_PID ]] || kill -9 "$AGENT_PID" 2>/dev/null || true
+    e2e_stop_containerd || true
+    if [[ -n $TMPFS ]]; then
+        umount "$TMPFS" 2>/dev/null || umount -l "$TMPFS" 2>/dev/null || true
+        rmdir "$TMPFS" 2>/dev/null || true
+    fi
+}
+trap cleanup EXIT
+
+now_us() { local t=${EPOCHREALTIME//[!0-9]/}; echo "$((10#$t))"; }
+
+start_agent() {
+    "$BIN" node --nri-socket "$E2E_NRI_SOCK" --gpu-backend sim --dev-root "$E2E_ROOT/simdev" \
+        --node-name bench-node --status-listen "127.0.0.1:$PORT" \
+        --log-file "$E2E_ROOT/agent.log" --state-dir "$E2E_ROOT/agent-state" "${AGENT_ARGS[@]}" &
+    AGENT_PID=$!
+    local i
+    for ((i = 0; i < 100; i++)); do
+        curl -fsS "http://127.0.0.1:$PORT/healthz" >/dev/null 2>&1 && return 0
+        sleep 0.1
+    done
+    echo "bench: agent not registered after 10 s; log tail:" >&2
+    tail -20 "$E2E_ROOT/agent.log" >&2 || true
+    return 1
+}
+
+kill_agent() {
+    kill -9 "$AGENT_PID" 2>/dev/null || true
+    wait "$AGENT_PID" 2>/dev/null || true
+    AGENT_PID=
+    sleep 0.5 # let containerd notice the closed plugin connection
+}
+
+# The same pod config in both modes; by default a GPU pod (GPU 1, 2 GiB, 30% of its compute).
+POD_KIND=${GPUSHARE_BENCH_POD:-gpu}
+case $POD_KIND in
+gpu)
+    POD_ANN='{"gpushare.io/assignment":"{\"version\":1,\"containers\":{\"main\":[{\"gpuIndex\":1,\"memoryMiB\":2048,\"corePercent\":30}]}}"}'
+    CTR_ANN='{"gpushare.io/granted-mem":"2","gpushare.io/granted-core":"30"}'
+    ;;
+plain) POD_ANN='{}' CTR_ANN='{}' ;;
+*) echo "bench: GPUSHARE_BENCH_POD must be gpu or plain" >&2; exit 2 ;;
+esac
+
+# one_pod NAME [CHECK]: runp, then timed create + start, then rmp -f. Prints
+# "CREATE_US START_US". CHECK (on|off) verifies the plugin's env is (not) in the spec
+# (for plain pods: never in it).
+one_pod() {
+    local name=$1 check=${2:-} pod ctr t0 t1 t2 has
+    e2e_pod_json "$name" "uid-$name" "$POD_ANN" >"$E2E_ROOT/pod.json"
+    e2e_ctr_json main "$CTR_ANN" >"$E2E_ROOT/ctr.json"
+    pod=$(e2e_crictl runp "$E2E_ROOT/pod.json")
+    t0=$(now_us)
+    ctr=$(e2e_crictl create "$pod" "$E2E_ROOT/ctr.json" "$E2E_ROOT/pod.json")
+    t1=$(now_us)
+    e2e_crictl start "$ctr" >/dev/null
+    t2=$(now_us)
+    [[ $POD_KIND == gpu ]] || check=${check:+off}
+    if [[ -n $check ]]; then
+        has=off
+        if e2e_crictl inspect "$ctr" |
+            jq -e '.info.runtimeSpec.process.env | any(startswith("GPUSHARE_GPU_MEMORY_MIB="))' \
+                >/dev/null; then
+            has=on
+        fi
+        if [[ $has != "$check" ]]; then
+            echo "bench: mode $check, but the plugin's env is $has in $name's spec" >&2
+            return 1
+        fi
+    fi
+    e2e_crictl rmp -f "$pod" >/dev/null
+    echo "$((t1 - t0)) $((t2 - t1))"
+}
+
+# measure MODE ROUND: switch to MODE (on|off), warm up, time PODS pods into $raw.
+measure() {
+    local mode=$1 round=$2 i s
+    [[ $mode == off ]] || start_agent # each measurement starts and ends without the agent
+    one_pod "warm-$mode-$round" "$mode" >/dev/null
+    for ((i = 0; i < PODS; i++)); do
+        s=$(one_pod "b-$mode-$round-$i")
+        echo "$mode $round $s" >>"$raw"
+    done
+    [[ $mode == off ]] || kill_agent
+    echo "bench: round $round, plugin $mode: $PODS pods" >&2
+}
+
+# summary COLUMN MODE: "n mean p50 p90" in ms of a raw column (3 create, 4 start, 5 both).
+summary() {
+    awk -v m="$2" '$1 == m { print ($3 + 0) " " ($4 + 0) " " ($3 + $4) }' "$raw" |
+        cut -d' ' -f"$(($1 - 2))" | sort -n |
+        awk '{ v[NR] = $1; s += $1 }
+             function rank(p,  k) { k = int(p * NR); if (k < p * NR) k++; if (k < 1) k = 1; return v[k] }
+             END { printf "%d %.1f %.1f %.1f\n", NR, s / NR / 1000, rank(0.5) / 1000, rank(0.9) / 1000 }'
+}
+
+load_before=$(cut -d' ' -f1-3 /proc/loadavg)
+root=$(mktemp -d /tmp/gpushare-bench.XXXXXX)
+if [[ ${GPUSHARE_BENCH_TMPFS:-1} != 0 ]]; then
+    TMPFS=$root # removed by cleanup, mounted or not
+    mount -t tmpfs -o size=4g,mode=0755 gpushare-bench "$root"
+    root=$root/${root##*/} # unique name: it also names the pods' cgroup parent
+fi
+e2e_start_containerd 2 "$root"
+raw=$E2E_ROOT/raw.txt
+: >"$raw"
+for ((r = 0; r < ROUNDS; r++)); do
+    if ((r % 2 == 0)); then order=(off on); else order=(on off); fi
+    for mode in "${order[@]}"; do measure "$mode" "$r"; done
+done
+
+echo
+echo "crictl create + start on containerd $E2E_CONTAINERD2_VERSION (runc $(runc --version | sed -n 's/^runc version //p')):"
+echo "$ROUNDS rounds x $PODS pods per mode, ABBA order; $(nproc) CPUs, $(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1)"
+echo "agent: $BIN node --gpu-backend sim${AGENT_ARGS[*]:+ ${AGENT_ARGS[*]}}; $POD_KIND pods"
+echo "load average before: $load_before, after: $(cut -d' ' -f1-3 /proc/loadavg)"
+printf '%-26s %5s %9s %9s %9s\n' "mode" "n" "mean ms" "p50 ms" "p90 ms"
+declare -A mean50
+for col in 5 3 4; do
+    case $col in 5) what="create+start" ;; 3) what="create" ;; 4) what="start" ;; esac
+    for mode in off on; do
+        read -r n mean p50 p90 < <(summary "$col" "$mode")
+        printf '%-26s %5d %9s %9s %9s\n' "$what, plugin $mode" "$n" "$mean" "$p50" "$p90"
+        mean50[$mode.$col]="$mean $p50"
+    done
+done
+read -r on_mean on_p50 <<<"${mean50[on.5]}"
+read -r off_mean off_p50 <<<"${mean50[off.5]}"
+awk -v a="$on_mean" -v b="$off_mean" -v c="$on_p50" -v d="$off_p50" 'BEGIN {
+    printf "ratio with/without (create+start): mean %.3f, p50 %.3f (goal: <= 1.05)\n", a / b, c / d }'
+# Each round measures both modes back to back: their ratios show how much of the overall
+# ratio is noise between rounds, and their median is robust to a noisy round.
+ratios=$(awk '{ s[$1, $2] += $3 + $4; n[$1, $2]++; if ($2 + 1 > r) r = $2 + 1 }
+    END { for (i = 0; i < r; i++) printf "%.3f\n", (s["on", i] / n["on", i]) / (s["off", i] / n["off", i]) }' "$raw")
+echo "per-round ratio of means with/without: $(paste -sd' ' <<<"$ratios")"
+sort -g <<<"$ratios" | awk '{ v[NR] = $1 }
+    END { printf "median of the per-round ratios: %.3f\n", NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
+
+# The plugin's own time per admitted container, from its log ("GPU container admitted").
+{ grep -o 'micros=[0-9]*' "$E2E_ROOT/agent.log" || true; } | cut -d= -f2 | sort -n |
+    awk '{ v[NR] = $1 } END { if (NR) printf "in-plugin CreateContainer (agent log): n %d, p50 %d µs, p99 %d µs, max %d µs\n",
+        NR, v[int(NR * 0.5 + 0.999)], v[int(NR * 0.99 + 0.999)], v[NR] }'
+
+if [[ -n ${GPUSHARE_BENCH_RAW:-} ]]; then
+    { echo "# mode round create_us start_us"; cat "$raw"; } >"$GPUSHARE_BENCH_RAW"
+fi
