@@ -18,23 +18,20 @@
 //! logging installed (`gpushare::logging::init`, info level, text, to a file), since the
 //! agent logs one line per admitted GPU container.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use gpushare::config::LogConfig;
-use gpushare::gpu::devices::{DeviceNode, DeviceSet};
-use gpushare::gpu::{Inventory, sim};
 use gpushare::node::{Node, NodeState, SimNode};
 use gpushare::nri::api::nri_api::*;
 use gpushare::nri::api::nri_api_ttrpc::{PluginClient, Runtime, create_runtime};
 use gpushare::nri::mux::{Mux, PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN};
 use gpushare::nri::plugin::{Registration, serve_connection};
 use gpushare::nri::service::Handler;
-use gpushare::request::{ASSIGNMENT_ANNOTATION, RequestPolicy};
-use gpushare::{adjust::AdjustOptions, request::MemoryUnit};
+use gpushare::request::ASSIGNMENT_ANNOTATION;
 use tokio::net::UnixStream;
 use tokio::sync::mpsc;
 use ttrpc::r#async::transport::{Listener, Socket};
@@ -47,33 +44,12 @@ const WARMUP: usize = 1_000;
 /// The node of `tests/nri_session.rs`; with `sim_dir`, the sim backend's extra work too
 /// (a declaration directory per GPU container, a CPU pin and a bind mount).
 fn node_state(sim_dir: Option<&Path>) -> NodeState {
-    let node = |p: &str, maj, min| DeviceNode {
-        path: p.into(),
-        major: maj,
-        minor: min,
-        file_mode: 0o666,
-    };
     NodeState {
-        node_name: "bench-node".into(),
-        inventory: Inventory::new(sim::inventory(&sim::SimConfig::default(), "bench-node")),
-        devices: DeviceSet {
-            gpus: (0..4u32)
-                .map(|m| (m, node(&format!("/dev/nvidia{m}"), 195, m as i64)))
-                .collect::<BTreeMap<_, _>>(),
-            ctl: Some(node("/dev/nvidiactl", 195, 255)),
-            uvm: Some(node("/dev/nvidia-uvm", 511, 0)),
-            uvm_tools: Some(node("/dev/nvidia-uvm-tools", 511, 1)),
-        },
-        policy: RequestPolicy::default(),
-        adjust: AdjustOptions {
-            cdi: false,
-            memory_unit: MemoryUnit::GiB,
-        },
         sim: sim_dir.map(|dir| SimNode {
             dir: dir.to_path_buf(),
             ncpu: 2,
         }),
-        mps_pipe_root: None,
+        ..NodeState::in_memory("bench-node")
     }
 }
 

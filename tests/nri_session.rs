@@ -3,20 +3,17 @@
 //! synchronize with messages far larger than one frame, create/remove, refusals, and the
 //! StateChange form older runtimes use. (The real runtimes are exercised by `make e2e`.)
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use gpushare::gpu::devices::{DeviceNode, DeviceSet};
-use gpushare::gpu::{Inventory, sim};
 use gpushare::node::{Node, NodeState};
 use gpushare::nri::api::nri_api::*;
 use gpushare::nri::api::nri_api_ttrpc::{PluginClient, Runtime, create_runtime};
 use gpushare::nri::mux::{Mux, PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN};
 use gpushare::nri::plugin::{Registration, serve_connection};
-use gpushare::request::{ASSIGNMENT_ANNOTATION, RequestPolicy};
-use gpushare::{adjust::AdjustOptions, request::MemoryUnit};
+use gpushare::request::ASSIGNMENT_ANNOTATION;
 use tokio::net::UnixStream;
 use tokio::sync::mpsc;
 use ttrpc::r#async::transport::{Listener, Socket};
@@ -32,34 +29,6 @@ impl Runtime for FakeRuntime {
     ) -> ttrpc::Result<Empty> {
         self.0.send(req).unwrap();
         Ok(Empty::default())
-    }
-}
-
-fn node_state() -> NodeState {
-    let node = |p: &str, maj, min| DeviceNode {
-        path: p.into(),
-        major: maj,
-        minor: min,
-        file_mode: 0o666,
-    };
-    NodeState {
-        node_name: "test-node".into(),
-        inventory: Inventory::new(sim::inventory(&sim::SimConfig::default(), "test-node")),
-        devices: DeviceSet {
-            gpus: (0..4u32)
-                .map(|m| (m, node(&format!("/dev/nvidia{m}"), 195, m as i64)))
-                .collect::<BTreeMap<_, _>>(),
-            ctl: Some(node("/dev/nvidiactl", 195, 255)),
-            uvm: Some(node("/dev/nvidia-uvm", 511, 0)),
-            uvm_tools: Some(node("/dev/nvidia-uvm-tools", 511, 1)),
-        },
-        policy: RequestPolicy::default(),
-        adjust: AdjustOptions {
-            cdi: false,
-            memory_unit: MemoryUnit::GiB,
-        },
-        sim: None,
-        mps_pipe_root: None,
     }
 }
 
@@ -114,7 +83,7 @@ fn ctx() -> ttrpc::context::Context {
 #[tokio::test]
 async fn full_session_over_the_multiplexer() {
     let (plugin_end, runtime_end) = UnixStream::pair().unwrap();
-    let node = Arc::new(Node::new(node_state()));
+    let node = Arc::new(Node::new(NodeState::in_memory("test-node")));
     let reg = Registration {
         name: "gpushare".into(),
         index: "10".into(),

@@ -54,6 +54,47 @@ impl SimNode {
 }
 
 impl NodeState {
+    /// The default simulated node (4 × 15 GiB GPUs) with its device set synthesized in memory
+    /// instead of discovered (no device nodes are created): the decision path without IO, for
+    /// tests and benchmarks.
+    pub fn in_memory(node_name: &str) -> NodeState {
+        let node = |path: String, major: u64, minor: u64| crate::gpu::devices::DeviceNode {
+            path,
+            major: major as i64,
+            minor: minor as i64,
+            file_mode: 0o666,
+        };
+        let gpus = sim::inventory(&sim::SimConfig::default(), node_name);
+        let devices = DeviceSet {
+            gpus: gpus
+                .iter()
+                .map(|g| {
+                    let path = format!("/dev/nvidia{}", g.minor);
+                    (g.minor, node(path, sim::NVIDIA_MAJOR, g.minor as u64))
+                })
+                .collect(),
+            ctl: Some(node(
+                "/dev/nvidiactl".into(),
+                sim::NVIDIA_MAJOR,
+                sim::NVIDIACTL_MINOR,
+            )),
+            uvm: Some(node("/dev/nvidia-uvm".into(), sim::SIM_UVM_MAJOR, 0)),
+            uvm_tools: Some(node("/dev/nvidia-uvm-tools".into(), sim::SIM_UVM_MAJOR, 1)),
+        };
+        NodeState {
+            node_name: node_name.to_string(),
+            inventory: Inventory::new(gpus),
+            devices,
+            policy: RequestPolicy::default(),
+            adjust: AdjustOptions {
+                cdi: false,
+                memory_unit: crate::request::MemoryUnit::GiB,
+            },
+            sim: None,
+            mps_pipe_root: None,
+        }
+    }
+
     /// Discovers (or, for `sim`, creates) the GPUs and their device nodes.
     pub fn init(cfg: &NodeConfig) -> anyhow::Result<NodeState> {
         cfg.validate()?;
