@@ -160,6 +160,11 @@ impl GpuLoop {
         self.members = next;
     }
 
+    /// Whether container `id` was idle in its last sample (left thawed, sampled less often).
+    pub fn is_idle(&self, id: &str) -> bool {
+        self.members.get(id).is_some_and(|st| !st.active)
+    }
+
     pub fn members(&self) -> impl Iterator<Item = (&str, Option<f64>)> {
         self.members.iter().map(|(id, st)| (id.as_str(), st.quota))
     }
@@ -173,19 +178,22 @@ impl GpuLoop {
         let spare = self.last.spare();
         let correct = p.policy == Policy::Hard || spare < 1e-6;
         for (id, st) in self.members.iter_mut() {
-            let Some(q) = st.quota else { continue };
-            let s = measured.get(id).copied().unwrap_or(0.0);
-            let allowed = self.last.run_fraction(id);
+            // Not sampled this round (idle containers are sampled less often): keep state.
+            let Some(&s) = measured.get(id) else { continue };
             st.active = s >= p.idle_share;
+            let Some(q) = st.quota else { continue };
+            let allowed = self.last.run_fraction(id);
+            // A measurement taken while the container ran unthrottled (it was idle) says
+            // nothing about its window.
+            let was_throttled = allowed < 1.0 - 1e-9;
             // Correct only with evidence: down when over quota, up only when the container
             // used (nearly) all the time it was allowed.
             let used_its_time = s >= 0.9 * allowed.min(st.run.max(1e-9));
-            if correct && (s > q || (used_its_time && st.active)) {
-                let lo = 0.0;
+            if correct && was_throttled && (s > q || (used_its_time && st.active)) {
                 let hi = (q + p.max_boost).min(1.0);
-                st.run = (st.run + p.gain * (q - s)).clamp(lo, hi);
+                st.run = (st.run + p.gain * (q - s)).clamp(0.0, hi);
             }
-            if p.policy == Policy::Burst && !st.active {
+            if !st.active {
                 // Idle: its exclusive window goes back to the pool; restart from the quota.
                 st.run = q;
             }
@@ -201,8 +209,7 @@ impl GpuLoop {
             .iter()
             .filter_map(|(id, st)| {
                 st.quota?;
-                let gets_slot = p.policy == Policy::Hard || st.active;
-                gets_slot.then_some((id, st.run.max(0.0)))
+                st.active.then_some((id, st.run.max(0.0)))
             })
             .collect();
         let total: f64 = exclusive.iter().map(|(_, r)| r).sum();
@@ -231,6 +238,19 @@ impl GpuLoop {
         };
         let has_leftover = leftover.end - leftover.start > 1e-9;
         for (id, st) in &self.members {
+            if !st.active {
+                // Idle containers are left alone: nothing to hold back, and no freezer
+                // writes spent on them. If one wakes up it runs unthrottled for at most a
+                // period (a sampling interval) before it gets its window.
+                plan.windows.insert(
+                    id.clone(),
+                    vec![Window {
+                        start: 0.0,
+                        end: 1.0,
+                    }],
+                );
+                continue;
+            }
             let shares_leftover = st.quota.is_none() || p.policy == Policy::Burst;
             if !shares_leftover {
                 plan.windows.entry(id.clone()).or_default();
@@ -266,7 +286,9 @@ mod tests {
     /// equally with others thawed at the same instant; `leak` models work that continues
     /// after a freeze (a fraction of the period per freeze).
     fn simulate(plan: &Plan, busy: &[&str], leak: f64) -> HashMap<String, f64> {
-        let mut share: HashMap<String, f64> = busy.iter().map(|b| (b.to_string(), 0.0)).collect();
+        // Every container is sampled; idle ones measure 0.
+        let mut share: HashMap<String, f64> =
+            plan.windows.keys().map(|id| (id.clone(), 0.0)).collect();
         let steps = 1000;
         for i in 0..steps {
             let t = (i as f64 + 0.5) / steps as f64;
@@ -397,16 +419,37 @@ mod tests {
     }
 
     #[test]
-    fn idle_container_does_not_wind_up() {
+    fn idle_container_is_left_alone_and_does_not_wind_up() {
         let mut lp = GpuLoop::new(Params::default());
         lp.set_members(&members(&[("a", Some(0.3))]));
-        // Idle for a long time (uses 1 % of the GPU) …
+        // Idle for a long time (uses 1 % of the GPU): never frozen …
         let mut plan = lp.step(&HashMap::new());
         for _ in 0..50 {
             plan = lp.step(&HashMap::from([("a".to_string(), 0.01)]));
+            assert_eq!(plan.run_fraction("a"), 1.0);
+            assert!(lp.is_idle("a"));
         }
-        // … then busy: its first period is at most quota + max_boost.
-        assert!(plan.run_fraction("a") <= 0.3 + 0.15 + 1e-9, "{plan:?}");
+        // … then busy for a period (unthrottled, it took the whole GPU): from the next
+        // period on it is back at its quota, not above quota + max_boost.
+        plan = lp.step(&HashMap::from([("a".to_string(), 1.0)]));
+        assert!(!lp.is_idle("a"));
+        assert!((plan.run_fraction("a") - 0.3).abs() < 1e-9, "{plan:?}");
+        let (_, m) = run(&mut lp, &["a"], 0.0, 5);
+        assert!((m["a"] - 0.3).abs() < 0.01, "{m:?}");
+    }
+
+    #[test]
+    fn unsampled_containers_keep_their_state() {
+        let mut lp = GpuLoop::new(Params::default());
+        lp.set_members(&members(&[("a", Some(0.3)), ("b", Some(0.5))]));
+        lp.step(&HashMap::from([
+            ("a".to_string(), 0.0),
+            ("b".to_string(), 0.5),
+        ]));
+        assert!(lp.is_idle("a") && !lp.is_idle("b"));
+        let plan = lp.step(&HashMap::from([("b".to_string(), 0.5)]));
+        assert!(lp.is_idle("a"), "a was not sampled: still idle");
+        assert_eq!(plan.run_fraction("a"), 1.0);
     }
 
     #[test]

@@ -169,7 +169,14 @@ pub struct Controller {
     handles: HashMap<String, Handle>,
     guardian_list: Option<PathBuf>,
     link: Arc<ControllerLink>,
+    /// Periods run so far (idle containers are sampled and swept only every few periods).
+    periods: u64,
 }
+
+/// Idle containers are sampled every this many periods (busy ones every period).
+const IDLE_SAMPLE_EVERY: u64 = 5;
+/// Processes are swept into the throttled child every this many periods (and on pickup).
+const SWEEP_EVERY: u64 = 10;
 
 /// Thaws every container a controller still holds when dropped (panics included).
 struct ThawOnDrop<'a>(&'a mut HashMap<String, Handle>);
@@ -205,6 +212,7 @@ impl Controller {
             handles: HashMap::new(),
             guardian_list: None,
             link,
+            periods: 0,
         }
     }
 
@@ -431,13 +439,21 @@ impl Controller {
 
     /// One period: sample, plan, and carry the plan out until `deadline`.
     fn period(&mut self, start: Instant, period: Duration, stop: &AtomicBool) {
+        let before: usize = self.handles.len();
         self.sync_members();
-        for h in self.handles.values() {
-            sweep(&h.cgroup, &h.throttled, None);
+        let n = self.periods;
+        self.periods += 1;
+        if n % SWEEP_EVERY == 0 || self.handles.len() != before {
+            for h in self.handles.values() {
+                sweep(&h.cgroup, &h.throttled, None);
+            }
         }
+        let loops = &self.loops;
+        let idle = |id: &str, gpu: u32| loops.get(&gpu).is_some_and(|lp| lp.is_idle(id));
         let tracked: Vec<Tracked<'_>> = self
             .handles
             .iter()
+            .filter(|(id, h)| n % IDLE_SAMPLE_EVERY == 0 || !idle(id, h.gpu))
             .map(|(id, h)| Tracked {
                 id,
                 gpu: h.gpu,

@@ -74,7 +74,9 @@ impl SampleSource for SimSource {
     fn sample(&mut self, tracked: &[Tracked<'_>]) -> Sample {
         let now = Instant::now();
         let mut out = Sample::default();
-        let mut seen = HashMap::new();
+        // Containers not sampled this round keep their baseline; forget long-gone ones.
+        self.last
+            .retain(|_, (_, at)| now.duration_since(*at) < std::time::Duration::from_secs(30));
         for t in tracked {
             let Ok(cpu) = t.cgroup.cpu_usage_ns() else {
                 continue;
@@ -86,7 +88,7 @@ impl SampleSource for SimSource {
                     out.share.insert(t.id.to_string(), share.clamp(0.0, 1.0));
                 }
             }
-            seen.insert(t.id.to_string(), (cpu, now));
+            self.last.insert(t.id.to_string(), (cpu, now));
             let file = Self::container_dir(&self.state_dir, t.id).join(SIM_MEMORY_FILE);
             if let Ok(text) = std::fs::read_to_string(&file)
                 && let Ok(bytes) = text.trim().parse::<u64>()
@@ -97,7 +99,6 @@ impl SampleSource for SimSource {
                 }
             }
         }
-        self.last = seen;
         out
     }
 }
