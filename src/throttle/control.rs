@@ -423,15 +423,15 @@ mod tests {
         let mut lp = GpuLoop::new(Params::default());
         lp.set_members(&members(&[("a", Some(0.3))]));
         // Idle for a long time (uses 1 % of the GPU): never frozen …
-        let mut plan = lp.step(&HashMap::new());
+        lp.step(&HashMap::new());
         for _ in 0..50 {
-            plan = lp.step(&HashMap::from([("a".to_string(), 0.01)]));
+            let plan = lp.step(&HashMap::from([("a".to_string(), 0.01)]));
             assert_eq!(plan.run_fraction("a"), 1.0);
             assert!(lp.is_idle("a"));
         }
         // … then busy for a period (unthrottled, it took the whole GPU): from the next
         // period on it is back at its quota, not above quota + max_boost.
-        plan = lp.step(&HashMap::from([("a".to_string(), 1.0)]));
+        let plan = lp.step(&HashMap::from([("a".to_string(), 1.0)]));
         assert!(!lp.is_idle("a"));
         assert!((plan.run_fraction("a") - 0.3).abs() < 1e-9, "{plan:?}");
         let (_, m) = run(&mut lp, &["a"], 0.0, 5);
