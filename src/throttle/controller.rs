@@ -443,7 +443,7 @@ impl Controller {
         self.sync_members();
         let n = self.periods;
         self.periods += 1;
-        if n % SWEEP_EVERY == 0 || self.handles.len() != before {
+        if n.is_multiple_of(SWEEP_EVERY) || self.handles.len() != before {
             for h in self.handles.values() {
                 sweep(&h.cgroup, &h.throttled, None);
             }
@@ -453,7 +453,7 @@ impl Controller {
         let tracked: Vec<Tracked<'_>> = self
             .handles
             .iter()
-            .filter(|(id, h)| n % IDLE_SAMPLE_EVERY == 0 || !idle(id, h.gpu))
+            .filter(|(id, h)| n.is_multiple_of(IDLE_SAMPLE_EVERY) || !idle(id, h.gpu))
             .map(|(id, h)| Tracked {
                 id,
                 gpu: h.gpu,
