@@ -71,8 +71,6 @@ pub struct Window {
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct Plan {
     pub windows: BTreeMap<String, Vec<Window>>,
-    /// Where the exclusive windows end (None before the first plan).
-    pub leftover_start: Option<f64>,
 }
 
 impl Plan {
@@ -89,11 +87,6 @@ impl Plan {
         self.windows
             .get(id)
             .map_or(1.0, |ws| ws.iter().map(|w| w.end - w.start).sum())
-    }
-
-    /// Fraction of the period that no exclusive window claims (the leftover).
-    pub fn spare(&self) -> f64 {
-        self.leftover_start.map_or(0.0, |s| (1.0 - s).max(0.0))
     }
 
     /// All window boundaries in [0, 1), sorted and deduplicated: the instants at which some
@@ -173,10 +166,17 @@ impl GpuLoop {
     /// period (missing: 0). Returns the plan for the next period.
     pub fn step(&mut self, measured: &HashMap<String, f64>) -> Plan {
         let p = self.params;
-        // In `burst`, a share above quota is legitimate while there was spare time to use,
-        // so the window lengths are corrected only when the period was fully taken.
-        let spare = self.last.spare();
-        let correct = p.policy == Policy::Hard || spare < 1e-6;
+        // In `burst`, a share above quota is legitimate while the active containers' quotas
+        // leave time unclaimed, so windows are corrected only when the quotas fill the GPU;
+        // otherwise each window is exactly its quota. (Deciding this from the quotas, not
+        // from the corrected windows, keeps it from flipping between the two regimes.)
+        let claimed: f64 = self
+            .members
+            .values()
+            .filter(|st| st.active)
+            .filter_map(|st| st.quota)
+            .sum();
+        let correct = p.policy == Policy::Hard || claimed >= 1.0 - 1e-6;
         for (id, st) in self.members.iter_mut() {
             // Not sampled this round (idle containers are sampled less often): keep state.
             let Some(&s) = measured.get(id) else { continue };
@@ -189,7 +189,9 @@ impl GpuLoop {
             // Correct only with evidence: down when over quota, up only when the container
             // used (nearly) all the time it was allowed.
             let used_its_time = s >= 0.9 * allowed.min(st.run.max(1e-9));
-            if correct && was_throttled && (s > q || (used_its_time && st.active)) {
+            if !correct {
+                st.run = q;
+            } else if was_throttled && (s > q || (used_its_time && st.active)) {
                 let hi = (q + p.max_boost).min(1.0);
                 st.run = (st.run + p.gain * (q - s)).clamp(0.0, hi);
             }
@@ -231,7 +233,6 @@ impl GpuLoop {
             }
             t += len;
         }
-        plan.leftover_start = Some(t.min(1.0));
         let leftover = Window {
             start: t.min(1.0),
             end: 1.0,
