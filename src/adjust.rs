@@ -261,7 +261,10 @@ mod tests {
         assert_eq!(env["CUDA_MPS_PIPE_DIRECTORY"], "/tmp/nvidia-mps");
         assert_eq!(
             adj.mounts,
-            [("/run/gpushare/mps/2".to_string(), "/tmp/nvidia-mps".to_string())]
+            [(
+                "/run/gpushare/mps/2".to_string(),
+                "/tmp/nvidia-mps".to_string()
+            )]
         );
     }
 
