@@ -5,7 +5,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 BIN := target/release/gpushare
 
-.PHONY: all build demo test unit e2e lint bench deps
+.PHONY: all build demo test unit e2e lint bench bench-throttle deps
 
 all: build
 
@@ -39,3 +39,11 @@ lint:
 bench: build
 	$(CARGO) bench --bench create_container
 	bash bench/crictl_overhead.sh
+
+# Compute-quota accuracy (THROTTLE.md) on the sim backend: needs root, cgroup v1, a quiet
+# machine; writes target/bench/throttle.json and target/bench/throttle.png.
+bench-throttle:
+	$(CARGO) bench --bench throttle
+	python3 -m venv target/bench/venv
+	target/bench/venv/bin/pip -q install matplotlib
+	target/bench/venv/bin/python bench/plot_throttle.py

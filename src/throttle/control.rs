@@ -112,7 +112,13 @@ struct MemberState {
     /// Length of the exclusive run window (capped containers).
     run: f64,
     active: bool,
+    /// Consecutive samples below the idle threshold.
+    low_samples: u32,
 }
+
+/// Consecutive low samples before a container counts as idle: one window cut short by
+/// timing jitter must not release a busy container.
+const IDLE_AFTER: u32 = 3;
 
 /// The control loop of one GPU.
 #[derive(Debug, Clone)]
@@ -146,6 +152,7 @@ impl GpuLoop {
                     quota,
                     run: quota.unwrap_or(0.0),
                     active: true,
+                    low_samples: 0,
                 },
             };
             next.insert(m.id.clone(), st);
@@ -180,7 +187,14 @@ impl GpuLoop {
         for (id, st) in self.members.iter_mut() {
             // Not sampled this round (idle containers are sampled less often): keep state.
             let Some(&s) = measured.get(id) else { continue };
-            st.active = s >= p.idle_share;
+            // Idle relative to what it may use: a 5 % container is busy at 4 %.
+            let threshold = st.quota.map_or(p.idle_share, |q| p.idle_share.min(q / 4.0));
+            if s >= threshold {
+                st.low_samples = 0;
+            } else {
+                st.low_samples = st.low_samples.saturating_add(1);
+            }
+            st.active = st.low_samples < IDLE_AFTER;
             let Some(q) = st.quota else { continue };
             let allowed = self.last.run_fraction(id);
             // A measurement taken while the container ran unthrottled (it was idle) says
@@ -425,10 +439,15 @@ mod tests {
         lp.set_members(&members(&[("a", Some(0.3))]));
         // Idle for a long time (uses 1 % of the GPU): never frozen …
         lp.step(&HashMap::new());
-        for _ in 0..50 {
+        for i in 0..50 {
             let plan = lp.step(&HashMap::from([("a".to_string(), 0.01)]));
-            assert_eq!(plan.run_fraction("a"), 1.0);
-            assert!(lp.is_idle("a"));
+            // One or two low samples are not enough (jitter); the third makes it idle.
+            if i >= 2 {
+                assert_eq!(plan.run_fraction("a"), 1.0);
+                assert!(lp.is_idle("a"));
+            } else {
+                assert!(!lp.is_idle("a"));
+            }
         }
         // … then busy for a period (unthrottled, it took the whole GPU): from the next
         // period on it is back at its quota, not above quota + max_boost.
@@ -440,13 +459,27 @@ mod tests {
     }
 
     #[test]
+    fn a_small_quota_is_not_mistaken_for_idle() {
+        let mut lp = GpuLoop::new(Params::default());
+        lp.set_members(&members(&[("a", Some(0.05))]));
+        lp.step(&HashMap::new());
+        // 1.5 % used of a 5 % window (a short period), then normal again.
+        lp.step(&HashMap::from([("a".to_string(), 0.015)]));
+        let plan = lp.step(&HashMap::from([("a".to_string(), 0.05)]));
+        assert!(!lp.is_idle("a"));
+        assert!((plan.run_fraction("a") - 0.05).abs() < 0.02, "{plan:?}");
+    }
+
+    #[test]
     fn unsampled_containers_keep_their_state() {
         let mut lp = GpuLoop::new(Params::default());
         lp.set_members(&members(&[("a", Some(0.3)), ("b", Some(0.5))]));
-        lp.step(&HashMap::from([
-            ("a".to_string(), 0.0),
-            ("b".to_string(), 0.5),
-        ]));
+        for _ in 0..IDLE_AFTER {
+            lp.step(&HashMap::from([
+                ("a".to_string(), 0.0),
+                ("b".to_string(), 0.5),
+            ]));
+        }
         assert!(lp.is_idle("a") && !lp.is_idle("b"));
         let plan = lp.step(&HashMap::from([("b".to_string(), 0.5)]));
         assert!(lp.is_idle("a"), "a was not sampled: still idle");

@@ -175,7 +175,8 @@ pub struct Controller {
 
 /// Idle containers are sampled every this many periods (busy ones every period).
 const IDLE_SAMPLE_EVERY: u64 = 5;
-/// Processes are swept into the throttled child every this many periods (and on pickup).
+/// Idle containers' processes are swept into the throttled child every this many periods
+/// (busy ones every period, new ones on pickup).
 const SWEEP_EVERY: u64 = 10;
 
 /// Thaws every container a controller still holds when dropped (panics included).
@@ -443,13 +444,16 @@ impl Controller {
         self.sync_members();
         let n = self.periods;
         self.periods += 1;
-        if n.is_multiple_of(SWEEP_EVERY) || self.handles.len() != before {
-            for h in self.handles.values() {
+        let loops = &self.loops;
+        let idle = |id: &str, gpu: u32| loops.get(&gpu).is_some_and(|lp| lp.is_idle(id));
+        // Busy containers are swept every period (a process started by `exec` is throttled
+        // from the next period on); idle ones, which are never frozen, less often.
+        let sweep_all = n.is_multiple_of(SWEEP_EVERY) || self.handles.len() != before;
+        for (id, h) in &self.handles {
+            if sweep_all || !idle(id, h.gpu) {
                 sweep(&h.cgroup, &h.throttled, None);
             }
         }
-        let loops = &self.loops;
-        let idle = |id: &str, gpu: u32| loops.get(&gpu).is_some_and(|lp| lp.is_idle(id));
         let tracked: Vec<Tracked<'_>> = self
             .handles
             .iter()
