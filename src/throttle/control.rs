@@ -201,8 +201,8 @@ impl GpuLoop {
             // nothing about its window.
             let was_throttled = allowed < 1.0 - 1e-9;
             // Correct only with evidence: down when over quota, up only when the container
-            // used (nearly) all the time it was allowed.
-            let used_its_time = s >= 0.9 * allowed.min(st.run.max(1e-9));
+            // used most (3/4) of the time it was allowed.
+            let used_its_time = s >= 0.75 * allowed.min(st.run.max(1e-9));
             if !correct {
                 st.run = q;
             } else if was_throttled && (s > q || (used_its_time && st.active)) {
