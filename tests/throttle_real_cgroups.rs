@@ -144,6 +144,17 @@ fn config(state: &Path, policy: Policy) -> ThrottleConfig {
     }
 }
 
+/// The production controller on `registry` with the sim sample source.
+fn start(state: &Path, policy: Policy, registry: Arc<Registry>) -> controller::Running {
+    controller::start(
+        &config(state, policy),
+        registry,
+        Box::new(SimSource::new(state.join("sim"))),
+        None,
+    )
+    .unwrap()
+}
+
 /// Share of one core each cgroup used over `window`.
 fn shares(cgs: &[&BusyCgroup], window: Duration) -> Vec<f64> {
     let t0 = Instant::now();
@@ -174,13 +185,7 @@ fn real_cgroup_quota_holds_alone() {
         let r0 = shares(&[&cg], Duration::from_secs(3))[0];
         let registry = Arc::new(Registry::new());
         registry.upsert(cg.record("c", 0, Some(q), 1024));
-        let running = controller::start(
-            &config(state.path(), Policy::Hard),
-            registry,
-            Box::new(SimSource::new(state.path().join("sim"))),
-            None,
-        )
-        .unwrap();
+        let running = start(state.path(), Policy::Hard, registry);
         std::thread::sleep(Duration::from_secs(2));
         let s = shares(&[&cg], Duration::from_secs(10))[0];
         running.stop();
@@ -216,13 +221,7 @@ fn real_cgroup_contention_splits_30_70() {
     let registry = Arc::new(Registry::new());
     registry.upsert(a.record("a", 1, Some(30), 1024));
     registry.upsert(b.record("b", 1, Some(70), 1024));
-    let running = controller::start(
-        &config(state.path(), Policy::Hard),
-        registry,
-        Box::new(SimSource::new(state.path().join("sim"))),
-        None,
-    )
-    .unwrap();
+    let running = start(state.path(), Policy::Hard, registry);
     std::thread::sleep(Duration::from_secs(2));
     let s = shares(&[&a, &b], Duration::from_secs(10));
     running.stop();
@@ -250,13 +249,7 @@ fn real_cgroup_burst_uses_idle_gpu_and_falls_back() {
     let a = BusyCgroup::start("burst30", 0);
     let registry = Arc::new(Registry::new());
     registry.upsert(a.record("a", 0, Some(30), 1024));
-    let running = controller::start(
-        &config(state.path(), Policy::Burst),
-        registry.clone(),
-        Box::new(SimSource::new(state.path().join("sim"))),
-        None,
-    )
-    .unwrap();
+    let running = start(state.path(), Policy::Burst, registry.clone());
     std::thread::sleep(Duration::from_secs(1));
     let alone = shares(&[&a], Duration::from_secs(3))[0];
     let b = BusyCgroup::start("burst70", 0);
@@ -292,13 +285,7 @@ fn real_cgroup_memory_over_quota_is_killed() {
     let mut cg = BusyCgroup::start("mem", 0);
     let registry = Arc::new(Registry::new());
     registry.upsert(cg.record("m", 0, Some(50), 1024));
-    let running = controller::start(
-        &config(state.path(), Policy::Hard),
-        registry,
-        Box::new(SimSource::new(state.path().join("sim"))),
-        None,
-    )
-    .unwrap();
+    let running = start(state.path(), Policy::Hard, registry);
     let decl = state.path().join("sim").join("m");
     std::fs::create_dir_all(&decl).unwrap();
     std::fs::write(decl.join(SIM_MEMORY_FILE), (512u64 << 20).to_string()).unwrap();
