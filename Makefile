@@ -4,8 +4,9 @@
 SHELL := /bin/bash
 CARGO ?= cargo
 BIN := target/release/gpushare
+comma := ,
 
-.PHONY: all build demo test unit e2e lint bench bench-throttle deps
+.PHONY: all build demo test unit e2e lint bench bench-throttle bench-pack deps
 
 all: build
 
@@ -47,3 +48,13 @@ bench-throttle:
 	python3 -m venv target/bench/venv
 	target/bench/venv/bin/pip -q install matplotlib
 	target/bench/venv/bin/python bench/plot_throttle.py
+
+# Packing quality (PACKING.md): every policy over the openb traces, 10 seeds; prints the tables,
+# writes target/bench/pack/<trace>.json and target/bench/pack/pack.png.
+OPENB ?= $(firstword $(wildcard ../shared/traces/openb /work/shared/traces/openb))
+PACK_TRACES := default gpushare40 gpushare60 gpushare80 gpushare100
+bench-pack: build
+	@test -n "$(OPENB)" || { echo "bench-pack: openb trace not found; make bench-pack OPENB=DIR"; exit 1; }
+	$(BIN) simulate --nodes $(OPENB)/openb_node_list_gpu_node.csv \
+		--pods $(subst $(eval) ,$(comma),$(foreach t,$(PACK_TRACES),$(OPENB)/openb_pod_list_$(t).csv)) \
+		--policy gpushare,fgd,bestfit,binpack,spread --seeds 10 --out target/bench/pack

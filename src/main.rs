@@ -32,6 +32,8 @@ enum Command {
         #[arg(long)]
         list: PathBuf,
     },
+    /// Replay a cluster trace through the placement policies and report GPU fragmentation.
+    Simulate(gpushare::simulate::SimulateArgs),
 }
 
 #[derive(Args, Clone)]
@@ -171,6 +173,7 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Command::Guardian { list } => Ok(gpushare::throttle::guardian::run(&list)?),
+        Command::Simulate(args) => gpushare::simulate::main(&args),
     }
 }
 

@@ -9,6 +9,8 @@ dpkg -s busybox-static >/dev/null 2>&1 || need+=(busybox-static)
 command -v jq >/dev/null || need+=(jq)
 command -v curl >/dev/null || need+=(curl)
 command -v go >/dev/null || need+=(golang-go)
+# A font for the labels of the PNG plots (`gpushare simulate`).
+[[ -e /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ]] || need+=(fonts-dejavu-core)
 if ((${#need[@]})); then
     if ((EUID != 0)); then
         echo "deps: missing ${need[*]}; run as root or install them" >&2

@@ -1,0 +1,315 @@
+//! The placement engine: the cluster's per-node state, a policy, and the decision loop
+//! (feasibility, then the policy's score, highest wins, ties to the earlier node in the tie
+//! order). Deciding reads only; committing updates the one node that changed and tells the
+//! policy, so no decision rescans or rebuilds cluster-wide state.
+
+use std::collections::HashMap;
+
+use super::model::{GpuDemand, GpuPlacement, NodeSpec, Request};
+use super::policy::{Choice, Policy};
+use super::reject::{KINDS, Reject, Unschedulable, Why};
+use super::state::{GpuSet, NodeState, by_free};
+
+/// Where a pod goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Placement {
+    /// Node id (index into [`Engine::nodes`]).
+    pub node: usize,
+    pub gpus: GpuSet,
+}
+
+/// One GPU a placed pod got.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GpuGrant {
+    pub index: u32,
+    pub memory_mib: u64,
+    /// Per-mille of the GPU; `None` for memory-only shares.
+    pub core_milli: Option<u32>,
+    /// The whole GPU.
+    pub whole: bool,
+}
+
+impl Placement {
+    /// What each GPU gives the pod (for the assignment annotation).
+    pub fn grants(&self, node: &NodeState, req: &Request) -> Vec<GpuGrant> {
+        self.gpus
+            .iter()
+            .map(|i| match req.gpu {
+                GpuDemand::Shared {
+                    memory_mib,
+                    core_milli,
+                    ..
+                } => GpuGrant {
+                    index: i as u32,
+                    memory_mib,
+                    core_milli,
+                    whole: false,
+                },
+                _ => GpuGrant {
+                    index: i as u32,
+                    memory_mib: node.gpus[i].memory_mib,
+                    core_milli: Some(1000),
+                    whole: true,
+                },
+            })
+            .collect()
+    }
+}
+
+pub struct Engine {
+    nodes: Vec<NodeState>,
+    /// Bumped whenever the node changes; cached scores of older versions are stale.
+    versions: Vec<u32>,
+    /// Node ids in tie-break order.
+    order: Vec<usize>,
+    by_name: HashMap<String, usize>,
+    policy: Box<dyn Policy>,
+    cache: ScoreCache,
+}
+
+/// What identifies a request for the policies: equal keys get equal scores on a node.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct RequestKey {
+    cpu_milli: u64,
+    memory_mib: u64,
+    gpu: GpuDemand,
+    models: Vec<String>,
+}
+
+impl RequestKey {
+    fn of(r: &Request) -> Self {
+        RequestKey {
+            cpu_milli: r.cpu_milli,
+            memory_mib: r.memory_mib,
+            gpu: r.gpu,
+            models: r.models.clone(),
+        }
+    }
+}
+
+/// A node's cached score for one request key; `version` 0: none.
+#[derive(Debug, Clone, Copy, Default)]
+struct Cached {
+    version: u32,
+    /// `None`: the request did not fit.
+    choice: Option<Choice>,
+}
+
+/// Per request key, each node's last score: a decision re-scores only the nodes that changed
+/// since the last request with the same key.
+#[derive(Debug, Default)]
+struct ScoreCache {
+    keys: HashMap<RequestKey, usize>,
+    slots: Vec<(u64, Vec<Cached>)>,
+    clock: u64,
+}
+
+/// Request keys whose scores are kept (least recently used ones give way).
+const CACHED_KEYS: usize = 256;
+
+impl ScoreCache {
+    /// The slot of `req`'s key, made (or recycled) if new.
+    fn slot(&mut self, req: &Request, nodes: usize) -> usize {
+        self.clock += 1;
+        let key = RequestKey::of(req);
+        if let Some(&s) = self.keys.get(&key) {
+            self.slots[s].0 = self.clock;
+            return s;
+        }
+        let s = if self.slots.len() < CACHED_KEYS {
+            self.slots
+                .push((self.clock, vec![Cached::default(); nodes]));
+            self.slots.len() - 1
+        } else {
+            let s = (0..self.slots.len())
+                .min_by_key(|&s| self.slots[s].0)
+                .expect("slots");
+            self.keys.retain(|_, v| *v != s);
+            self.slots[s].0 = self.clock;
+            self.slots[s]
+                .1
+                .iter_mut()
+                .for_each(|c| *c = Cached::default());
+            s
+        };
+        self.keys.insert(key, s);
+        s
+    }
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("nodes", &self.nodes.len())
+            .field("policy", &self.policy.name())
+            .finish()
+    }
+}
+
+impl Engine {
+    /// An empty cluster of `nodes`; ties go to the node listed first.
+    pub fn new(nodes: Vec<NodeSpec>, mut policy: Box<dyn Policy>) -> Self {
+        let nodes: Vec<NodeState> = nodes.into_iter().map(NodeState::new).collect();
+        policy.init(&nodes);
+        Engine {
+            versions: vec![1; nodes.len()],
+            cache: ScoreCache::default(),
+            order: (0..nodes.len()).collect(),
+            by_name: nodes
+                .iter()
+                .enumerate()
+                .map(|(i, n)| (n.spec.name.clone(), i))
+                .collect(),
+            nodes,
+            policy,
+        }
+    }
+
+    /// Sets the tie-break order: `order` lists every node id once, preferred first.
+    pub fn set_tie_order(&mut self, order: Vec<usize>) {
+        assert_eq!(
+            order.len(),
+            self.nodes.len(),
+            "tie order must list every node"
+        );
+        self.order = order;
+    }
+
+    pub fn nodes(&self) -> &[NodeState] {
+        &self.nodes
+    }
+
+    pub fn node_id(&self, name: &str) -> Option<usize> {
+        self.by_name.get(name).copied()
+    }
+
+    pub fn policy_name(&self) -> &'static str {
+        self.policy.name()
+    }
+
+    /// Whether `req` fits on node `id` now, and if not, why.
+    pub fn check(&self, id: usize, req: &Request) -> Result<GpuSet, Reject> {
+        let node = &self.nodes[id];
+        node.check(req).map_err(|why| self.reject(id, req, why))
+    }
+
+    fn reject(&self, id: usize, req: &Request, why: Why) -> Reject {
+        let node = &self.nodes[id];
+        Reject {
+            node: node.spec.name.clone(),
+            mode: node.mode(),
+            model: node.spec.model().to_string(),
+            allowed: req.models.clone(),
+            why,
+        }
+    }
+
+    /// The best node and GPUs for `req`, without placing it. Only nodes that changed since a
+    /// request of the same shape was last decided are scored again.
+    pub fn decide(&mut self, req: &Request) -> Result<Placement, Unschedulable> {
+        let slot = self.cache.slot(req, self.nodes.len());
+        let cached = &mut self.cache.slots[slot].1;
+        let mut best: Option<(Choice, usize)> = None;
+        for &id in &self.order {
+            let entry = &mut cached[id];
+            if entry.version != self.versions[id] {
+                *entry = Cached {
+                    version: self.versions[id],
+                    choice: score(&self.nodes[id], id, req, self.policy.as_ref()),
+                };
+            }
+            if let Some(c) = entry.choice
+                && best.is_none_or(|(b, _)| c.score > b.score)
+            {
+                best = Some((c, id));
+            }
+        }
+        match best {
+            Some((c, id)) => Ok(Placement {
+                node: id,
+                gpus: c.gpus,
+            }),
+            None => Err(self.unschedulable(req)),
+        }
+    }
+
+    /// What [`Engine::decide`] returns, computed from scratch without the score cache (read
+    /// only; slower).
+    pub fn decide_fresh(&self, req: &Request) -> Result<Placement, Unschedulable> {
+        let mut best: Option<(Choice, usize)> = None;
+        for &id in &self.order {
+            if let Some(c) = score(&self.nodes[id], id, req, self.policy.as_ref())
+                && best.is_none_or(|(b, _)| c.score > b.score)
+            {
+                best = Some((c, id));
+            }
+        }
+        match best {
+            Some((c, id)) => Ok(Placement {
+                node: id,
+                gpus: c.gpus,
+            }),
+            None => Err(self.unschedulable(req)),
+        }
+    }
+
+    /// Why no node takes `req`: each node's reason, counted, with the first of each kind.
+    fn unschedulable(&self, req: &Request) -> Unschedulable {
+        let mut counts = [0usize; KINDS.len()];
+        let mut first: [Option<(usize, Why)>; KINDS.len()] = [None; KINDS.len()];
+        for &id in &self.order {
+            if let Err(why) = self.nodes[id].check(req) {
+                let k = why.kind();
+                counts[k] += 1;
+                first[k].get_or_insert((id, why));
+            }
+        }
+        Unschedulable {
+            pod: req.name.clone(),
+            nodes: self.nodes.len(),
+            counts: (0..KINDS.len())
+                .filter(|&k| counts[k] > 0)
+                .map(|k| (KINDS[k], counts[k]))
+                .collect(),
+            examples: first
+                .iter()
+                .flatten()
+                .map(|&(id, why)| self.reject(id, req, why))
+                .collect(),
+        }
+    }
+
+    /// Places `req` as decided (the placement must come from [`Engine::decide`] on the
+    /// current state).
+    pub fn commit(&mut self, req: &Request, p: Placement) {
+        let node = &mut self.nodes[p.node];
+        node.take(req, p.gpus);
+        self.versions[p.node] = self.versions[p.node].wrapping_add(1).max(1);
+        self.policy.node_changed(p.node, node);
+    }
+
+    /// Decides and commits.
+    pub fn place(&mut self, req: &Request) -> Result<Placement, Unschedulable> {
+        let p = self.decide(req)?;
+        self.commit(req, p);
+        Ok(p)
+    }
+
+    /// A placed pod left.
+    pub fn release(&mut self, req: &Request, p: Placement) {
+        let node = &mut self.nodes[p.node];
+        node.give_back(req, p.gpus);
+        self.versions[p.node] = self.versions[p.node].wrapping_add(1).max(1);
+        self.policy.node_changed(p.node, node);
+    }
+}
+
+/// Node `id`'s score for `req` (`None`: it does not fit).
+fn score(node: &NodeState, id: usize, req: &Request, policy: &dyn Policy) -> Option<Choice> {
+    let mut fit = node.check(req).ok()?;
+    // The node's ack.node.gpu.placement label picks the GPUs itself.
+    if let (Some(p), GpuDemand::Shared { count, .. }) = (node.spec.placement, req.gpu) {
+        fit = by_free(node, fit, count, p == GpuPlacement::Binpack);
+    }
+    Some(policy.score(id, node, req, fit))
+}

@@ -1,0 +1,458 @@
+//! Fragmentation measures over the workload's typical shapes, kept per node and updated
+//! incrementally.
+//!
+//! - FGD's measure (Weng et al., USENIX ATC'23): for a shape that needs GPUs, may run on the
+//!   node (model, sharing mode) and finds the CPU and enough GPUs it fits on, the fragment is
+//!   the free capacity of the GPUs it does not fit on; for any other shape (CPU-only ones
+//!   included) all free GPU capacity is a fragment. The node's value is the expectation over
+//!   shapes.
+//! - The *repeated* measure: the free GPU capacity that copies of a shape, placed until the
+//!   node's GPUs or CPU run out, would leave unused (what the shape cannot use even if it kept
+//!   coming), in expectation over shapes. Unlike FGD's it sees the remainder a shape leaves in
+//!   every GPU and CPU running out before the GPUs do.
+//!
+//! Capacity is counted in per-mille of a GPU ([`GpuState::free_milli`]). Each node keeps a
+//! summary per shape (GPUs the shape fits on, their free capacity, copies that fit); the value
+//! after a hypothetical placement is derived from the summary and the GPUs that change, so a
+//! candidate costs O(shapes), not O(shapes × GPUs).
+
+use std::collections::HashMap;
+
+use super::model::{CORE_MILLI_PER_GPU, GpuDemand, Request, ScheduleMode};
+use super::state::{GpuSet, GpuState, NodeState};
+use super::workload::{Shape, Workload};
+
+/// A shape can use GPUs of `model` on a `mode` node at all.
+pub fn usable_on(shape: &Shape, model: &str, mode: ScheduleMode) -> bool {
+    let model_ok = shape.models.is_empty() || shape.models.iter().any(|m| m == model);
+    let mode_ok = match shape.gpu {
+        GpuDemand::None => false,
+        GpuDemand::Whole { .. } => true,
+        GpuDemand::Shared { core_milli, .. } => match mode {
+            ScheduleMode::CoreMem => core_milli.is_some(),
+            ScheduleMode::Cgpu | ScheduleMode::Share => core_milli.is_none(),
+            ScheduleMode::Default => false,
+        },
+    };
+    model_ok && mode_ok
+}
+
+/// A shape that may use a kind of node.
+#[derive(Debug, Clone)]
+struct UsableShape {
+    p: f64,
+    cpu_milli: u64,
+    memory_mib: u64,
+    gpu: GpuDemand,
+    /// GPUs per copy.
+    count: u32,
+    /// Per-mille of one of this kind's GPUs a copy takes per GPU.
+    size: u32,
+}
+
+impl UsableShape {
+    fn fits(&self, g: &GpuState) -> bool {
+        match self.gpu {
+            GpuDemand::Shared {
+                memory_mib,
+                core_milli,
+                ..
+            } => g.fits(memory_mib, core_milli),
+            _ => g.is_idle(),
+        }
+    }
+
+    /// Copies (of one GPU's part) that fit on `g`.
+    fn copies(&self, g: &GpuState) -> u32 {
+        match self.gpu {
+            GpuDemand::Shared {
+                memory_mib,
+                core_milli,
+                ..
+            } => {
+                if !g.healthy {
+                    return 0;
+                }
+                let by_mem = g.memory_free.checked_div(memory_mib).unwrap_or(u64::MAX);
+                let by_core = match core_milli {
+                    Some(c) if c > 0 => g.core_free / c,
+                    _ => u32::MAX,
+                };
+                by_mem.min(by_core as u64).min(CORE_MILLI_PER_GPU as u64) as u32
+            }
+            _ => g.is_idle() as u32,
+        }
+    }
+}
+
+/// The shapes as seen from one kind of node (GPU model, sharing mode, GPU memory).
+#[derive(Debug, Clone, Default)]
+struct Kind {
+    /// Total probability of the shapes that can never use this node's GPUs.
+    never: f64,
+    usable: Vec<UsableShape>,
+}
+
+/// Per node and usable shape: GPUs the shape fits on, free capacity of the others, copies.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct ShapeSum {
+    fit: u32,
+    small: u64,
+    copies: u64,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct Summary {
+    total: u64,
+    cpu_free: u64,
+    memory_free: u64,
+    per: Vec<ShapeSum>,
+}
+
+/// A node's expected fragment under both measures, in per-mille of a GPU.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Frag {
+    pub fgd: f64,
+    pub repeated: f64,
+}
+
+/// Per-node fragment bookkeeping for one workload.
+#[derive(Debug, Clone, Default)]
+pub struct FragModel {
+    pub workload: Workload,
+    /// Keep the repeated measure too (FGD needs only its own).
+    repeated: bool,
+    kinds: Vec<Kind>,
+    /// Node id → index into `kinds`.
+    node_kind: Vec<u32>,
+    summaries: Vec<Summary>,
+    current: Vec<Frag>,
+}
+
+fn gpu_size(gpu: &GpuDemand, gpu_memory_mib: u64) -> u32 {
+    match *gpu {
+        GpuDemand::None => 0,
+        GpuDemand::Whole { .. } => CORE_MILLI_PER_GPU,
+        GpuDemand::Shared {
+            memory_mib,
+            core_milli,
+            ..
+        } => {
+            let mem = (memory_mib * CORE_MILLI_PER_GPU as u64)
+                .checked_div(gpu_memory_mib)
+                .unwrap_or(0) as u32;
+            mem.max(core_milli.unwrap_or(0))
+                .clamp(1, CORE_MILLI_PER_GPU)
+        }
+    }
+}
+
+impl FragModel {
+    /// Summaries of all `nodes`; `repeated`: also keep the repeated measure.
+    pub fn new(workload: Workload, nodes: &[NodeState], repeated: bool) -> Self {
+        let mut m = FragModel {
+            workload,
+            repeated,
+            ..Default::default()
+        };
+        let mut seen: HashMap<(String, ScheduleMode, u64), u32> = HashMap::new();
+        for (id, n) in nodes.iter().enumerate() {
+            let gpu_mem = n.gpus.first().map_or(0, |g| g.memory_mib);
+            let k = (n.spec.model().to_string(), n.mode(), gpu_mem);
+            let kind = match seen.get(&k) {
+                Some(&kind) => kind,
+                None => {
+                    let kind = m.kinds.len() as u32;
+                    m.kinds.push(m.kind_for(&k.0, k.1, gpu_mem));
+                    seen.insert(k, kind);
+                    kind
+                }
+            };
+            m.node_kind.push(kind);
+            m.summaries.push(Summary::default());
+            m.current.push(Frag::default());
+            m.refresh(id, n);
+        }
+        m
+    }
+
+    fn kind_for(&self, model: &str, mode: ScheduleMode, gpu_memory_mib: u64) -> Kind {
+        let mut k = Kind::default();
+        for s in &self.workload.shapes {
+            if usable_on(s, model, mode) {
+                k.usable.push(UsableShape {
+                    p: s.p,
+                    cpu_milli: s.cpu_milli,
+                    memory_mib: s.memory_mib,
+                    gpu: s.gpu,
+                    count: s.gpu.count().max(1),
+                    size: gpu_size(&s.gpu, gpu_memory_mib),
+                });
+            } else {
+                k.never += s.p;
+            }
+        }
+        k
+    }
+
+    fn kind(&self, id: usize) -> &Kind {
+        &self.kinds[self.node_kind[id] as usize]
+    }
+
+    /// Recomputes node `id`'s summary (after it changed).
+    pub fn refresh(&mut self, id: usize, node: &NodeState) {
+        let kind = self.kind(id);
+        let sum = summarize(kind, node, self.repeated);
+        let f = value(kind, &sum, self.repeated, |i| sum.per[i]);
+        self.summaries[id] = sum;
+        self.current[id] = f;
+    }
+
+    /// Node `id`'s current value.
+    pub fn current(&self, id: usize) -> Frag {
+        self.current[id]
+    }
+
+    /// Node `id`'s value if a pod of `cpu_milli` and `demand` took `gpus`.
+    pub fn after(&self, id: usize, node: &NodeState, req: &Request, gpus: GpuSet) -> Frag {
+        let (cpu_milli, memory_mib, demand) = (req.cpu_milli, req.memory_mib, &req.gpu);
+        let kind = self.kind(id);
+        let sum = &self.summaries[id];
+        let mode = node.mode();
+        // The GPUs that change, before and after.
+        const MAX: usize = 8;
+        let mut changed: [(GpuState, GpuState); MAX] = [(GpuState::ZERO, GpuState::ZERO); MAX];
+        let mut n = 0;
+        let mut total = sum.total;
+        for i in gpus.iter() {
+            let before = node.gpus[i];
+            let mut after = before;
+            after.take(demand);
+            total -= (before.free_milli(mode) - after.free_milli(mode)) as u64;
+            if n < MAX {
+                changed[n] = (before, after);
+                n += 1;
+            }
+        }
+        if gpus.len() as usize > MAX {
+            // Rare (more than 8 GPUs changing): recompute from scratch.
+            let mut copy = node.clone();
+            copy.take(req, gpus);
+            return self.from_scratch(id, &copy);
+        }
+        let changed = &changed[..n];
+        let after_sum = Summary {
+            total,
+            cpu_free: sum.cpu_free - cpu_milli,
+            memory_free: sum.memory_free - memory_mib,
+            per: Vec::new(),
+        };
+        let repeated = self.repeated;
+        value(kind, &after_sum, repeated, |si| {
+            let s = &kind.usable[si];
+            let mut acc = sum.per[si];
+            for (b, a) in changed {
+                if s.fits(b) {
+                    acc.fit -= 1;
+                } else {
+                    acc.small -= b.free_milli(mode) as u64;
+                }
+                if s.fits(a) {
+                    acc.fit += 1;
+                } else {
+                    acc.small += a.free_milli(mode) as u64;
+                }
+                if repeated {
+                    acc.copies = acc.copies + s.copies(a) as u64 - s.copies(b) as u64;
+                }
+            }
+            acc
+        })
+    }
+
+    /// Both measures computed from scratch for a node in the given state (a check of the
+    /// incremental bookkeeping).
+    pub fn from_scratch(&self, id: usize, node: &NodeState) -> Frag {
+        let kind = self.kind(id);
+        let sum = summarize(kind, node, self.repeated);
+        value(kind, &sum, self.repeated, |i| sum.per[i])
+    }
+}
+
+/// A node's sums per usable shape.
+fn summarize(kind: &Kind, node: &NodeState, repeated: bool) -> Summary {
+    let mode = node.mode();
+    let mut sum = Summary {
+        total: node.gpus.iter().map(|g| g.free_milli(mode) as u64).sum(),
+        cpu_free: node.cpu_free,
+        memory_free: node.memory_free,
+        per: vec![ShapeSum::default(); kind.usable.len()],
+    };
+    for (s, acc) in kind.usable.iter().zip(sum.per.iter_mut()) {
+        for g in &node.gpus {
+            if s.fits(g) {
+                acc.fit += 1;
+            } else {
+                acc.small += g.free_milli(mode) as u64;
+            }
+            if repeated {
+                acc.copies += s.copies(g) as u64;
+            }
+        }
+    }
+    sum
+}
+
+/// Both measures (the repeated one only if `repeated`) of a node with free capacity
+/// `sum.total`, CPU `sum.cpu_free` and memory `sum.memory_free`; `per(i)` yields shape `i`'s
+/// sums.
+fn value(kind: &Kind, sum: &Summary, repeated: bool, per: impl Fn(usize) -> ShapeSum) -> Frag {
+    let total = sum.total;
+    if total == 0 {
+        return Frag::default();
+    }
+    let never = kind.never * total as f64;
+    let mut f = Frag {
+        fgd: never,
+        repeated: if repeated { never } else { 0.0 },
+    };
+    for (i, s) in kind.usable.iter().enumerate() {
+        let acc = per(i);
+        if sum.cpu_free < s.cpu_milli {
+            f.fgd += s.p * total as f64;
+            if repeated {
+                f.repeated += s.p * total as f64;
+            }
+            continue;
+        }
+        let fgd = if acc.fit >= s.count { acc.small } else { total };
+        f.fgd += s.p * fgd as f64;
+        if !repeated {
+            continue;
+        }
+        let by_cpu = sum.cpu_free.checked_div(s.cpu_milli).unwrap_or(u64::MAX);
+        let by_mem = sum
+            .memory_free
+            .checked_div(s.memory_mib)
+            .unwrap_or(u64::MAX);
+        let copies = (acc.copies / s.count as u64).min(by_cpu).min(by_mem);
+        let used = copies.saturating_mul(s.count as u64 * s.size as u64);
+        f.repeated += s.p * total.saturating_sub(used) as f64;
+    }
+    f
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::placement::model::NodeSpec;
+    use crate::placement::state::lowest;
+
+    fn share(cpu: u64, milli: u32) -> Request {
+        Request {
+            gpu: GpuDemand::Shared {
+                count: 1,
+                memory_mib: milli as u64 * 16,
+                core_milli: Some(milli),
+            },
+            ..Request::cpu_only("p", cpu, 0)
+        }
+    }
+
+    fn whole(cpu: u64, count: u32) -> Request {
+        Request {
+            gpu: GpuDemand::Whole { count },
+            ..Request::cpu_only("w", cpu, 0)
+        }
+    }
+
+    fn node(gpus: usize, cpu: u64) -> NodeState {
+        NodeState::new(NodeSpec::uniform(
+            "n",
+            cpu,
+            1 << 20,
+            gpus,
+            16_000,
+            "T4",
+            ScheduleMode::CoreMem,
+        ))
+    }
+
+    #[test]
+    fn fgd_measure_by_hand() {
+        // Shapes: 50 % a 500-milli share (2 CPUs), 25 % one whole GPU, 25 % CPU-only.
+        let reqs = [
+            share(2000, 500),
+            share(2000, 500),
+            whole(1000, 1),
+            Request::cpu_only("c", 1000, 0),
+        ];
+        let w = Workload::from_requests(&reqs, 1.0);
+        let mut n = node(2, 8000);
+        // GPU 0: 300 left; GPU 1 idle.
+        n.take(&share(1000, 700), GpuSet::single(0));
+        let m = FragModel::new(w, std::slice::from_ref(&n), true);
+        let f = m.current(0);
+        // total 1300; share: GPU 0 too small → 300; whole: fits on GPU 1 → 300; CPU-only → 1300.
+        assert!(
+            (f.fgd - (0.5 * 300.0 + 0.25 * 300.0 + 0.25 * 1300.0)).abs() < 1e-9,
+            "{f:?}"
+        );
+        // repeated: share: 2 copies (GPU 1), CPU allows 3 → uses 1000, leaves 300;
+        // whole: 1 copy → leaves 300; CPU-only: 1300.
+        assert!((f.repeated - (0.5 * 300.0 + 0.25 * 300.0 + 0.25 * 1300.0)).abs() < 1e-9);
+        // With 3 CPUs left only one share copy fits: it leaves 800.
+        let mut low = n.clone();
+        low.cpu_free = 3000;
+        let f = m.from_scratch(0, &low);
+        assert!(
+            (f.repeated - (0.5 * 800.0 + 0.25 * 300.0 + 0.25 * 1300.0)).abs() < 1e-9,
+            "{f:?}"
+        );
+        assert!((f.fgd - (0.5 * 300.0 + 0.25 * 300.0 + 0.25 * 1300.0)).abs() < 1e-9);
+    }
+
+    #[test]
+    fn incremental_value_matches_recomputation() {
+        let reqs = [
+            share(2000, 500),
+            share(1000, 250),
+            share(4000, 810),
+            whole(8000, 1),
+            whole(16000, 2),
+            Request::cpu_only("c", 3000, 0),
+        ];
+        let w = Workload::from_requests(&reqs, 1.0);
+        let mut n = node(4, 32_000);
+        let mut m = FragModel::new(w, std::slice::from_ref(&n), true);
+        let steps = [
+            share(2000, 500),
+            share(1000, 250),
+            whole(8000, 1),
+            share(4000, 810),
+            share(1000, 250),
+            share(2000, 500),
+        ];
+        for r in &steps {
+            let fit = n.check(r).unwrap();
+            for i in fit.iter() {
+                let gpus = match r.gpu {
+                    GpuDemand::Whole { count } => lowest(fit, count),
+                    _ => GpuSet::single(i),
+                };
+                let mut copy = n.clone();
+                copy.take(r, gpus);
+                let want = m.from_scratch(0, &copy);
+                let got = m.after(0, &n, r, gpus);
+                assert!(
+                    (want.fgd - got.fgd).abs() < 1e-9
+                        && (want.repeated - got.repeated).abs() < 1e-9,
+                    "{want:?} vs {got:?}"
+                );
+            }
+            let gpus = crate::placement::policy::packed_gpus(&n, r, fit);
+            n.take(r, gpus);
+            m.refresh(0, &n);
+        }
+    }
+}

@@ -1,0 +1,146 @@
+//! One replay of a trace under one policy and seed, by the method of `bench/PACKING.md`:
+//! pods sorted by name and shuffled, then drawn with replacement until the GPU demand would
+//! pass the load limit; each pod placed once (a pod that fits nowhere fails, pods never
+//! leave); after every attempt the allocated share of GPU capacity is recorded against the
+//! arrived demand, binned by whole percent.
+
+use std::time::Instant;
+
+use super::rng::Rng;
+use super::trace::TracePod;
+use crate::placement::{Engine, NodeSpec, Request, UnknownPolicy, Workload, by_name};
+
+/// A trace ready to replay.
+#[derive(Debug, Clone)]
+pub struct Trace {
+    pub name: String,
+    pub nodes: Vec<NodeSpec>,
+    /// Sorted by name.
+    pub pods: Vec<TracePod>,
+    /// `pods[i].request()`.
+    pub requests: Vec<Request>,
+    /// Typical pod shapes of the original list.
+    pub workload: Workload,
+    /// GPU capacity in milli.
+    pub capacity: u64,
+}
+
+impl Trace {
+    /// `coverage`: share of the pods the typical shapes must cover (the reference uses 0.95).
+    pub fn new(name: &str, nodes: Vec<NodeSpec>, mut pods: Vec<TracePod>, coverage: f64) -> Self {
+        pods.sort_by(|a, b| a.name.cmp(&b.name));
+        let requests: Vec<Request> = pods.iter().map(TracePod::request).collect();
+        let workload = Workload::from_requests(&requests, coverage);
+        let capacity = nodes.iter().map(|n| n.gpus.len() as u64 * 1000).sum();
+        Trace {
+            name: name.to_string(),
+            nodes,
+            pods,
+            requests,
+            workload,
+            capacity,
+        }
+    }
+
+    pub fn gpus(&self) -> usize {
+        self.nodes.iter().map(|n| n.gpus.len()).sum()
+    }
+
+    /// The arrival sequence for `seed` (indices into `pods`): all pods shuffled, then pods
+    /// drawn uniformly with replacement while the total GPU demand stays within
+    /// `max_load_pct` % of capacity; the first draw that would pass it is dropped and ends
+    /// the sequence.
+    pub fn arrivals(&self, seed: u64, max_load_pct: u32) -> Vec<usize> {
+        let mut rng = Rng::new(seed, 0);
+        let mut seq: Vec<usize> = (0..self.pods.len()).collect();
+        rng.shuffle(&mut seq);
+        let limit = self.capacity as u128 * max_load_pct as u128;
+        let mut total: u128 = self.pods.iter().map(|p| p.gpu_demand() as u128 * 100).sum();
+        if self.pods.is_empty() || self.pods.iter().all(|p| p.gpu_demand() == 0) {
+            return seq;
+        }
+        while total < limit {
+            let i = rng.below(self.pods.len() as u64) as usize;
+            let d = self.pods[i].gpu_demand() as u128 * 100;
+            if total + d > limit {
+                break;
+            }
+            total += d;
+            seq.push(i);
+        }
+        seq
+    }
+
+    /// A random node order for ties.
+    pub fn tie_order(&self, seed: u64) -> Vec<usize> {
+        Rng::new(seed, 1).permutation(self.nodes.len())
+    }
+}
+
+/// The outcome of one replay.
+#[derive(Debug, Clone)]
+pub struct Run {
+    pub policy: String,
+    pub seed: u64,
+    /// Index: arrived load in whole percent of capacity; value: mean allocated % of capacity
+    /// over the attempts in that bin (`None`: no attempt landed there).
+    pub allocated_pct: Vec<Option<f64>>,
+    /// Nanoseconds per decision (decide + commit), one per attempt.
+    pub decision_ns: Vec<u64>,
+    pub attempts: usize,
+    pub failed: usize,
+}
+
+impl Run {
+    /// Unallocated GPU % at `load_pct` arrived load.
+    pub fn unallocated_at(&self, load_pct: usize) -> Option<f64> {
+        self.allocated_pct
+            .get(load_pct)
+            .copied()
+            .flatten()
+            .map(|a| 100.0 - a)
+    }
+}
+
+/// Replays `trace` with `policy` for `seed`, up to `max_load_pct` % arrived load.
+pub fn replay(
+    trace: &Trace,
+    policy: &str,
+    seed: u64,
+    max_load_pct: u32,
+) -> Result<Run, UnknownPolicy> {
+    let mut engine = Engine::new(trace.nodes.clone(), by_name(policy, &trace.workload)?);
+    engine.set_tie_order(trace.tie_order(seed));
+    let seq = trace.arrivals(seed, max_load_pct);
+    let cap = trace.capacity as f64;
+    let mut sums = vec![(0.0f64, 0u32); max_load_pct as usize + 2];
+    let mut decision_ns = Vec::with_capacity(seq.len());
+    let (mut arrived, mut allocated, mut failed) = (0u64, 0u64, 0usize);
+    for &i in &seq {
+        let req = &trace.requests[i];
+        let t = Instant::now();
+        let ok = engine.place(req).is_ok();
+        decision_ns.push(t.elapsed().as_nanos() as u64);
+        let d = trace.pods[i].gpu_demand();
+        arrived += d;
+        if ok {
+            allocated += d;
+        } else {
+            failed += 1;
+        }
+        let bin = ((arrived as f64 / cap * 100.0).round() as usize).min(sums.len() - 1);
+        sums[bin].0 += allocated as f64 / cap * 100.0;
+        sums[bin].1 += 1;
+    }
+    Ok(Run {
+        policy: policy.to_string(),
+        seed,
+        allocated_pct: sums
+            .into_iter()
+            .map(|(s, n)| (n > 0).then(|| s / n as f64))
+            .collect(),
+        decision_ns,
+        attempts: seq.len(),
+        failed,
+    })
+}

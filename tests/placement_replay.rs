@@ -1,0 +1,224 @@
+//! Small-scale replays: the PACKING.md method on a synthetic openb-like trace (always), and on
+//! a subset of the real openb trace when `../shared/traces/openb` (or `$GPUSHARE_OPENB_DIR`)
+//! is there. Full 10-seed replays are a benchmark (`make bench-pack`), not a test.
+
+use std::path::PathBuf;
+
+use gpushare::placement::{GpuDemand, NodeSpec, ScheduleMode};
+use gpushare::simulate::trace::{TRACE_GPU_MEMORY_MIB, TracePod};
+use gpushare::simulate::{Trace, load_trace, replay, run_trace};
+
+/// 24 nodes of three kinds and an openb-like pod mix (whole GPUs, shares, CPU-only).
+fn synthetic() -> Trace {
+    let mut nodes = Vec::new();
+    for i in 0..24 {
+        let (gpus, cpu) = match i % 3 {
+            0 => (8, 96_000),
+            1 => (2, 104_000),
+            _ => (2, 16_000),
+        };
+        nodes.push(NodeSpec::uniform(
+            format!("n{i:02}"),
+            cpu,
+            393_216,
+            gpus,
+            TRACE_GPU_MEMORY_MIB,
+            "G2",
+            ScheduleMode::CoreMem,
+        ));
+    }
+    let kinds: [(u64, u32, u32); 9] = [
+        (8_000, 1, 1000),
+        (12_000, 1, 1000),
+        (4_000, 1, 810),
+        (10_000, 1, 470),
+        (4_000, 1, 320),
+        (12_000, 1, 650),
+        (16_000, 0, 0),
+        (64_000, 8, 1000),
+        (6_000, 1, 230),
+    ];
+    let weights = [20, 10, 14, 10, 5, 4, 8, 1, 3];
+    let mut pods = Vec::new();
+    let mut n = 0;
+    for (k, w) in kinds.iter().zip(weights) {
+        for _ in 0..w * 2 {
+            pods.push(TracePod {
+                name: format!("p{n:04}"),
+                cpu_milli: k.0,
+                memory_mib: k.0 / 250,
+                num_gpu: k.1,
+                gpu_milli: k.2,
+                gpu_spec: Vec::new(),
+            });
+            n += 1;
+        }
+    }
+    Trace::new("synthetic", nodes, pods, 0.95)
+}
+
+#[test]
+fn arrivals_follow_the_method() {
+    let t = synthetic();
+    let a = t.arrivals(42, 130);
+    assert_eq!(a, t.arrivals(42, 130), "reproducible");
+    assert_ne!(a, t.arrivals(43, 130));
+    // Every pod once, first, in a shuffled order; then draws up to 130 % of capacity.
+    let mut head: Vec<usize> = a[..t.pods.len()].to_vec();
+    assert_ne!(head, (0..t.pods.len()).collect::<Vec<_>>());
+    head.sort();
+    assert_eq!(head, (0..t.pods.len()).collect::<Vec<_>>());
+    let demand: u64 = a.iter().map(|&i| t.pods[i].gpu_demand()).sum();
+    assert!(demand * 100 <= t.capacity * 130, "{demand} > 130 %");
+    assert!(demand * 100 > t.capacity * 120, "{demand} stops early");
+    assert!(t.pods.windows(2).all(|w| w[0].name < w[1].name));
+}
+
+#[test]
+fn replay_metrics_are_sane_and_fragmentation_aware_policies_win() {
+    let t = synthetic();
+    let seeds = [42, 43, 44];
+    let policies: Vec<String> = ["gpushare", "fgd", "bestfit", "spread"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    let report = run_trace(&t, &policies, &seeds, 130, 2).unwrap();
+    let at100 = |p: &str| {
+        report
+            .results
+            .iter()
+            .find(|r| r.policy == p)
+            .unwrap()
+            .unallocated[2]
+            .unwrap()
+            .median
+    };
+    for r in &report.results {
+        let u = r.unallocated[2].unwrap();
+        assert!((0.0..40.0).contains(&u.median), "{}: {u:?}", r.policy);
+        assert!(r.decision_p99_us > 0.0);
+        // Nothing fails at low load: unallocated = 100 − arrived there.
+        let (_, s) = r.curve.iter().find(|(l, _)| *l == 40).unwrap();
+        assert!((s.median - 60.0).abs() < 1.0, "{}: {s:?}", r.policy);
+    }
+    assert!(at100("fgd") <= at100("spread"), "{}", report.table());
+    assert!(at100("gpushare") <= at100("spread"), "{}", report.table());
+    let one = replay(&t, "fgd", 42, 130).unwrap();
+    assert_eq!(one.attempts, t.arrivals(42, 130).len());
+    let json = report.json();
+    assert_eq!(json["trace"], "synthetic");
+    assert!(json["results"][0]["unallocated_pct"]["100"]["median"].is_number());
+    assert!(json["results"][0]["decision_us"]["p99"].is_number());
+    assert!(report.table().contains("gpushare"));
+    assert!(unknown_policy_is_refused(&t));
+}
+
+fn unknown_policy_is_refused(t: &Trace) -> bool {
+    run_trace(t, &["nope".to_string()], &[1], 130, 1).is_err()
+}
+
+/// The openb trace directory: `$GPUSHARE_OPENB_DIR`, `../shared/traces/openb` beside the
+/// repository, or `/work/shared/traces/openb`. Outside CI a missing trace skips (with the
+/// reason printed); in CI (`CI=true`) it fails.
+fn openb_dir(test: &str) -> Option<PathBuf> {
+    let mut tried: Vec<PathBuf> = Vec::new();
+    if let Some(d) = std::env::var_os("GPUSHARE_OPENB_DIR") {
+        tried.push(d.into());
+    }
+    tried.push(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/traces/openb"));
+    tried.push(PathBuf::from("/work/shared/traces/openb"));
+    if let Some(d) = tried
+        .iter()
+        .find(|d| d.join("openb_node_list_gpu_node.csv").exists())
+    {
+        return Some(d.clone());
+    }
+    let msg = format!("{test}: openb trace not found in {tried:?} (set GPUSHARE_OPENB_DIR)");
+    assert!(std::env::var("CI").as_deref() != Ok("true"), "{msg}");
+    eprintln!("SKIP {msg}");
+    None
+}
+
+#[test]
+fn openb_subset_replay() {
+    let Some(dir) = openb_dir("openb_subset_replay") else {
+        return;
+    };
+    let nodes = dir.join("openb_node_list_gpu_node.csv");
+    let full = load_trace(&nodes, &dir.join("openb_pod_list_default.csv"), 0.95).unwrap();
+    assert_eq!(
+        (full.nodes.len(), full.gpus(), full.pods.len()),
+        (1213, 6212, 8152)
+    );
+    // Every 8th node and every 8th pod: the same mix at an eighth of the scale.
+    let nodes: Vec<NodeSpec> = full.nodes.iter().step_by(8).cloned().collect();
+    let pods: Vec<TracePod> = full.pods.iter().step_by(8).cloned().collect();
+    let t = Trace::new("default/8", nodes, pods, 0.95);
+    assert!(t.workload.shapes.len() > 5);
+    assert!(
+        t.requests
+            .iter()
+            .any(|r| matches!(r.gpu, GpuDemand::Whole { count: 8 }))
+    );
+    let policies: Vec<String> = ["gpushare", "fgd", "bestfit"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    let report = run_trace(&t, &policies, &[42], 130, 2).unwrap();
+    eprintln!("{}", report.table());
+    let at = |p: &str| {
+        report
+            .results
+            .iter()
+            .find(|r| r.policy == p)
+            .unwrap()
+            .unallocated[2]
+            .unwrap()
+            .median
+    };
+    assert!(at("fgd") < at("bestfit") + 1.0, "{}", report.table());
+    assert!(
+        at("gpushare") < 15.0 && at("fgd") < 15.0,
+        "{}",
+        report.table()
+    );
+}
+
+/// PACKING.md's validation: on the full `default` trace, seeds 42–51, our `bestfit` and `fgd`
+/// land within ±1 point of the published medians at 100 % arrived load (7.09 and 4.77), and
+/// the default policy stays at or below 4.5 % and below `fgd` (the goal, kept as a
+/// regression guard; decision times are a benchmark, not asserted here).
+#[test]
+fn published_medians_are_reproduced_on_default() {
+    let Some(dir) = openb_dir("published_medians_are_reproduced_on_default") else {
+        return;
+    };
+    let t = load_trace(
+        &dir.join("openb_node_list_gpu_node.csv"),
+        &dir.join("openb_pod_list_default.csv"),
+        0.95,
+    )
+    .unwrap();
+    let policies: Vec<String> = ["gpushare", "fgd", "bestfit"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    let seeds: Vec<u64> = (42..52).collect();
+    let jobs = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let report = run_trace(&t, &policies, &seeds, 130, jobs).unwrap();
+    eprintln!("{}", report.table());
+    let at100 = |p: &str| {
+        report
+            .results
+            .iter()
+            .find(|r| r.policy == p)
+            .unwrap()
+            .unallocated[2]
+            .unwrap()
+            .median
+    };
+    let (bestfit, fgd, ours) = (at100("bestfit"), at100("fgd"), at100("gpushare"));
+    assert!((bestfit - 7.09).abs() <= 1.0, "bestfit {bestfit} vs 7.09");
+    assert!((fgd - 4.77).abs() <= 1.0, "fgd {fgd} vs 4.77");
+    assert!(ours <= 4.5 && ours < fgd, "gpushare {ours}, fgd {fgd}");
+}
