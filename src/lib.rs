@@ -2,7 +2,9 @@
 
 pub mod adjust;
 pub mod config;
+pub mod deviceplugin;
 pub mod gpu;
+pub mod kubeclient;
 pub mod logging;
 pub mod node;
 pub mod nri;

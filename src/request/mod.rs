@@ -6,6 +6,7 @@
 
 pub mod assignment;
 pub mod limits;
+pub mod node;
 
 use std::collections::{BTreeSet, HashMap};
 
