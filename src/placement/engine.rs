@@ -193,6 +193,14 @@ impl Engine {
         node.check(req).map_err(|why| self.reject(id, req, why))
     }
 
+    /// Node `id`'s score for `req` and the GPUs it would take there (the policy's choice, or
+    /// the node's `ack.node.gpu.placement`), or why it does not fit. Read only.
+    pub fn evaluate(&self, id: usize, req: &Request) -> Result<Choice, Reject> {
+        let node = &self.nodes[id];
+        node.check(req).map_err(|why| self.reject(id, req, why))?;
+        Ok(score(node, id, req, self.policy.as_ref()).expect("the pod fits on the node"))
+    }
+
     fn reject(&self, id: usize, req: &Request, why: Why) -> Reject {
         let node = &self.nodes[id];
         Reject {

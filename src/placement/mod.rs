@@ -22,7 +22,7 @@ pub use engine::{Engine, GpuGrant, Placement};
 pub use model::{
     GpuDemand, GpuPlacement, GpuSpec, InvalidRequest, NodeSpec, Request, ScheduleMode,
 };
-pub use policy::{POLICIES, Policy, UnknownPolicy, by_name};
+pub use policy::{Choice, POLICIES, Policy, UnknownPolicy, by_name};
 pub use reject::{Reject, Unschedulable, Why};
 pub use state::{GpuSet, GpuState, NodeState};
 pub use workload::{Shape, Workload};

@@ -125,13 +125,13 @@ impl GpuState {
                 core_milli,
                 ..
             } => {
-                debug_assert!(self.fits(memory_mib, core_milli));
-                self.memory_free -= memory_mib;
-                self.core_free -= core_milli.unwrap_or(0);
+                // Saturating: a scheduler restoring allocations it did not decide (annotations
+                // written before a restart) must not wrap; what it restores fills the GPU.
+                self.memory_free = self.memory_free.saturating_sub(memory_mib);
+                self.core_free = self.core_free.saturating_sub(core_milli.unwrap_or(0));
                 self.pods += 1;
             }
             GpuDemand::Whole { .. } => {
-                debug_assert!(self.is_idle());
                 self.memory_free = 0;
                 self.core_free = 0;
                 self.pods += 1;
@@ -306,8 +306,8 @@ impl NodeState {
     /// memory to the pod.
     pub fn take(&mut self, req: &Request, gpus: GpuSet) {
         debug_assert_eq!(gpus.len(), req.gpu.count());
-        self.cpu_free -= req.cpu_milli;
-        self.memory_free -= req.memory_mib;
+        self.cpu_free = self.cpu_free.saturating_sub(req.cpu_milli);
+        self.memory_free = self.memory_free.saturating_sub(req.memory_mib);
         self.pods += 1;
         for i in gpus.iter() {
             self.gpus[i].take(&req.gpu);

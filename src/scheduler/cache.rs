@@ -1,0 +1,760 @@
+//! The extender's view of the cluster: GPU nodes (from their `gpushare.io/gpus` annotation
+//! and `ack.node.gpu.*` labels) and every GPU pod's allocation, in a placement [`Engine`].
+//!
+//! Allocations are *assumed* from the moment `bind` reserves them until the pod is seen bound
+//! (then *bound*), and released when binding fails, the pod terminates or goes away, or an
+//! assumed pod is not seen bound within the assume TTL. After a restart the cache is rebuilt
+//! from the pods' `gpushare.io/assignment` annotations. Pure (no IO): the watch loop and the
+//! HTTP handlers call in.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{Node, Pod};
+
+use super::podreq::{PodDemand, demand_of_assignment, pod_demand, pod_key};
+use super::wire::{ExtenderFilterResult, HostPriority, MAX_SCORE};
+use crate::placement::{
+    Engine, GpuDemand, GpuSet, GpuSpec, NodeSpec, Placement, Reject, Request, Why, by_name,
+};
+use crate::placement::{Workload, model::ScheduleMode};
+use crate::request::node::{NODE_GPUS_ANNOTATION, NodeGpus};
+use crate::request::{ASSIGNMENT_ANNOTATION, Assignment, ResourceNames};
+
+/// Large enough for any node: kube-scheduler itself checks CPU and memory.
+const UNLIMITED: u64 = u64::MAX / 4;
+
+/// One pod's GPU allocation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Allocation {
+    pub pod: String,
+    pub node: String,
+    pub gpus: Vec<u32>,
+    pub demand: GpuDemand,
+    pub bound: bool,
+    /// When it was assumed (meaningless once bound).
+    pub since: Instant,
+}
+
+/// What `reserve` hands back: the assignment to write and the allocation it holds.
+#[derive(Debug, Clone)]
+pub struct Reserved {
+    pub assignment: Assignment,
+    pub allocation: Allocation,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ReserveError {
+    #[error("{0}")]
+    Invalid(String),
+    #[error("pod {pod} asks for no GPU resource")]
+    NoGpu { pod: String },
+    #[error("{0}")]
+    Node(String),
+    #[error("{0}")]
+    Unfit(String),
+}
+
+pub struct Cluster {
+    names: ResourceNames,
+    policy: String,
+    /// Every node seen: its spec, or why gpushare cannot place on it.
+    nodes: BTreeMap<String, Result<NodeSpec, String>>,
+    /// GPU UUIDs per node (for the assignment).
+    uuids: HashMap<String, Vec<(u32, String)>>,
+    engine: Engine,
+    /// By pod UID.
+    allocations: HashMap<String, Allocation>,
+    assume_ttl: Duration,
+    /// Requests of recent GPU pods (the typical shapes of the `gpushare` and `fgd` policies).
+    recent: Vec<Request>,
+    rebuilds: u64,
+}
+
+fn engine_for(
+    nodes: &BTreeMap<String, Result<NodeSpec, String>>,
+    policy: &str,
+    recent: &[Request],
+) -> Engine {
+    let specs: Vec<NodeSpec> = nodes.values().filter_map(|n| n.clone().ok()).collect();
+    let workload = Workload::from_requests(recent, 0.95);
+    let p = by_name(policy, &workload).expect("policy checked at start-up");
+    Engine::new(specs, p)
+}
+
+/// A node's spec for the engine, from its labels and GPU annotation.
+pub fn node_spec(node: &Node) -> Result<(NodeSpec, Vec<(u32, String)>), String> {
+    let name = node.metadata.name.clone().unwrap_or_default();
+    let ann = node.metadata.annotations.as_ref();
+    let Some(raw) = ann.and_then(|a| a.get(NODE_GPUS_ANNOTATION)) else {
+        return Err(format!(
+            "node {name} has no GPUs published by gpushare (annotation {NODE_GPUS_ANNOTATION})"
+        ));
+    };
+    let gpus = NodeGpus::parse(raw).map_err(|e| format!("node {name}: {e}"))?;
+    // The engine numbers GPUs 0..n; the annotation's indexes must be that.
+    for (i, g) in gpus.gpus.iter().enumerate() {
+        if g.index as usize != i {
+            return Err(format!(
+                "node {name}: annotation {NODE_GPUS_ANNOTATION} lists GPU index {} where {i} was expected (indexes must be 0..n)",
+                g.index
+            ));
+        }
+    }
+    let labels: HashMap<String, String> = node
+        .metadata
+        .labels
+        .iter()
+        .flatten()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    let spec = NodeSpec {
+        name: name.clone(),
+        cpu_milli: UNLIMITED,
+        memory_mib: UNLIMITED,
+        gpus: gpus
+            .gpus
+            .iter()
+            .map(|g| GpuSpec {
+                memory_mib: g.memory_mib,
+                model: g.model.clone(),
+                healthy: g.healthy,
+            })
+            .collect(),
+        mode: ScheduleMode::Default,
+        placement: None,
+    }
+    .with_labels(&labels)
+    .map_err(|e| format!("node {name}: {e}"))?;
+    let uuids = gpus
+        .gpus
+        .iter()
+        .map(|g| (g.index, g.uuid.clone()))
+        .collect();
+    Ok((spec, uuids))
+}
+
+/// Rejections that preemption cannot fix (the node can never take the pod).
+fn unresolvable(why: &Why) -> bool {
+    matches!(
+        why,
+        Why::NoGpus
+            | Why::Model
+            | Why::ExclusiveNode
+            | Why::CoreOnMemoryOnlyNode
+            | Why::MemoryOnlyOnCoreNode
+            | Why::TooFewGpus { .. }
+    )
+}
+
+fn terminated(pod: &Pod) -> bool {
+    matches!(
+        pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+        Some("Succeeded") | Some("Failed")
+    )
+}
+
+impl Cluster {
+    pub fn new(policy: &str, names: ResourceNames, assume_ttl: Duration) -> Self {
+        let nodes = BTreeMap::new();
+        Cluster {
+            engine: engine_for(&nodes, policy, &[]),
+            names,
+            policy: policy.to_string(),
+            nodes,
+            uuids: HashMap::new(),
+            allocations: HashMap::new(),
+            assume_ttl,
+            recent: Vec::new(),
+            rebuilds: 0,
+        }
+    }
+
+    pub fn names(&self) -> &ResourceNames {
+        &self.names
+    }
+
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    pub fn allocations(&self) -> impl Iterator<Item = (&String, &Allocation)> {
+        self.allocations.iter()
+    }
+
+    pub fn rebuilds(&self) -> u64 {
+        self.rebuilds
+    }
+
+    /// Nodes gpushare can place on.
+    pub fn gpu_nodes(&self) -> usize {
+        self.nodes.values().filter(|n| n.is_ok()).count()
+    }
+
+    /// Builds the engine anew from the nodes and re-applies every allocation.
+    fn rebuild(&mut self) {
+        self.rebuilds += 1;
+        self.engine = engine_for(&self.nodes, &self.policy, &self.recent);
+        let allocs: Vec<Allocation> = self.allocations.values().cloned().collect();
+        for a in allocs {
+            self.apply(&a);
+        }
+    }
+
+    /// Takes `a` in the engine (when its node is known).
+    fn apply(&mut self, a: &Allocation) {
+        if let Some(p) = self.placement_of(a) {
+            self.engine.commit(&request_of(a), p);
+        }
+    }
+
+    fn unapply(&mut self, a: &Allocation) {
+        if let Some(p) = self.placement_of(a) {
+            self.engine.release(&request_of(a), p);
+        }
+    }
+
+    fn placement_of(&self, a: &Allocation) -> Option<Placement> {
+        let id = self.engine.node_id(&a.node)?;
+        let n = self.engine.nodes()[id].gpus.len();
+        if a.gpus.iter().any(|&g| g as usize >= n) {
+            return None;
+        }
+        Some(Placement {
+            node: id,
+            gpus: a.gpus.iter().map(|&g| g as usize).collect::<GpuSet>(),
+        })
+    }
+
+    /// A node was added or changed.
+    pub fn set_node(&mut self, node: &Node) {
+        let Some(name) = node.metadata.name.clone() else {
+            return;
+        };
+        let entry = node_spec(node);
+        let uuids = entry.as_ref().map(|(_, u)| u.clone()).unwrap_or_default();
+        let spec = entry.map(|(s, _)| s);
+        if self.nodes.get(&name) == Some(&spec) {
+            self.uuids.insert(name, uuids);
+            return;
+        }
+        if let Err(e) = &spec {
+            tracing::debug!(node = %name, "not a gpushare node: {e}");
+        }
+        self.nodes.insert(name.clone(), spec);
+        self.uuids.insert(name, uuids);
+        self.rebuild();
+    }
+
+    pub fn remove_node(&mut self, name: &str) {
+        if self.nodes.remove(name).is_some() {
+            self.uuids.remove(name);
+            self.rebuild();
+        }
+    }
+
+    /// Replaces the node set (after a watch restart).
+    pub fn retain_nodes(&mut self, names: &std::collections::HashSet<String>) {
+        let before = self.nodes.len();
+        self.nodes.retain(|n, _| names.contains(n));
+        self.uuids.retain(|n, _| names.contains(n));
+        if self.nodes.len() != before {
+            self.rebuild();
+        }
+    }
+
+    /// A pod as the watch sees it: bound with an assignment → its allocation is bound (made
+    /// from the annotation when the cache did not assume it, e.g. after a restart);
+    /// terminated → released.
+    pub fn observe_pod(&mut self, pod: &Pod) {
+        let Some(uid) = pod.metadata.uid.clone() else {
+            return;
+        };
+        if terminated(pod) || pod.metadata.deletion_timestamp.is_some() && terminated(pod) {
+            self.forget_pod(&uid);
+            return;
+        }
+        let node = pod.spec.as_ref().and_then(|s| s.node_name.clone());
+        let raw = pod
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(ASSIGNMENT_ANNOTATION));
+        let (Some(node), Some(raw)) = (node, raw) else {
+            return;
+        };
+        let Ok(a) = Assignment::parse(raw) else {
+            tracing::warn!(pod = %pod_key(pod), "unreadable {ASSIGNMENT_ANNOTATION}: ignored");
+            return;
+        };
+        let Ok((gpus, demand)) = demand_of_assignment(&a) else {
+            return;
+        };
+        let alloc = Allocation {
+            pod: pod_key(pod),
+            node,
+            gpus,
+            demand,
+            bound: true,
+            since: Instant::now(),
+        };
+        match self.allocations.get(&uid) {
+            Some(old) if old.node == alloc.node && old.gpus == alloc.gpus => {
+                self.allocations.get_mut(&uid).expect("present").bound = true;
+            }
+            Some(old) => {
+                let old = old.clone();
+                self.unapply(&old);
+                self.apply(&alloc);
+                self.allocations.insert(uid, alloc);
+            }
+            None => {
+                self.apply(&alloc);
+                self.allocations.insert(uid, alloc);
+            }
+        }
+    }
+
+    /// The pod is gone (deleted, terminated or binding failed).
+    pub fn forget_pod(&mut self, uid: &str) {
+        if let Some(a) = self.allocations.remove(uid) {
+            self.unapply(&a);
+        }
+    }
+
+    /// After a watch restart: forgets bound allocations of pods no longer listed.
+    pub fn retain_pods(&mut self, uids: &std::collections::HashSet<String>) {
+        let gone: Vec<String> = self
+            .allocations
+            .iter()
+            .filter(|(u, a)| a.bound && !uids.contains(*u))
+            .map(|(u, _)| u.clone())
+            .collect();
+        for u in gone {
+            self.forget_pod(&u);
+        }
+    }
+
+    /// Releases assumed allocations older than the TTL; returns the pods released.
+    pub fn expire_assumed(&mut self, now: Instant) -> Vec<String> {
+        let old: Vec<String> = self
+            .allocations
+            .iter()
+            .filter(|(_, a)| !a.bound && now.duration_since(a.since) > self.assume_ttl)
+            .map(|(u, _)| u.clone())
+            .collect();
+        let mut pods = Vec::new();
+        for u in old {
+            if let Some(a) = self.allocations.get(&u) {
+                pods.push(a.pod.clone());
+            }
+            self.forget_pod(&u);
+        }
+        pods
+    }
+
+    fn demand(&self, pod: &Pod) -> Result<Option<PodDemand>, String> {
+        pod_demand(pod, &self.names).map_err(|e| format!("pod {}: {e}", pod_key(pod)))
+    }
+
+    /// `filter`: which of `names` can take the pod, and why the others cannot.
+    pub fn filter(&self, pod: &Pod, names: &[String]) -> ExtenderFilterResult {
+        let mut out = ExtenderFilterResult::default();
+        let demand = match self.demand(pod) {
+            Ok(Some(d)) => d,
+            // Not ours: every node passes.
+            Ok(None) => {
+                out.node_names = Some(names.to_vec());
+                return out;
+            }
+            Err(e) => {
+                for n in names {
+                    out.failed_and_unresolvable_nodes
+                        .insert(n.clone(), e.clone());
+                }
+                out.node_names = Some(Vec::new());
+                return out;
+            }
+        };
+        let mut ok = Vec::new();
+        for n in names {
+            match self.check(n, &demand.request) {
+                Ok(()) => ok.push(n.clone()),
+                Err((msg, true)) => {
+                    out.failed_and_unresolvable_nodes.insert(n.clone(), msg);
+                }
+                Err((msg, false)) => {
+                    out.failed_nodes.insert(n.clone(), msg);
+                }
+            }
+        }
+        out.node_names = Some(ok);
+        out
+    }
+
+    /// Whether node `n` takes `req`; the error says why and whether it is unresolvable.
+    fn check(&self, n: &str, req: &Request) -> Result<(), (String, bool)> {
+        match self.nodes.get(n) {
+            None => Err((format!("node {n} is not known to gpushare yet"), false)),
+            Some(Err(e)) => Err((e.clone(), true)),
+            Some(Ok(_)) => {
+                let id = self.engine.node_id(n).expect("engine has every good node");
+                self.engine
+                    .check(id, req)
+                    .map(|_| ())
+                    .map_err(|r: Reject| (r.to_string(), unresolvable(&r.why)))
+            }
+        }
+    }
+
+    /// `prioritize`: the policy's preference among `names`, as 0..=10 by rank (best 10).
+    pub fn prioritize(&self, pod: &Pod, names: &[String]) -> Vec<HostPriority> {
+        let Ok(Some(demand)) = self.demand(pod) else {
+            return names
+                .iter()
+                .map(|n| HostPriority {
+                    host: n.clone(),
+                    score: 0,
+                })
+                .collect();
+        };
+        let scores: Vec<Option<f64>> = names
+            .iter()
+            .map(|n| {
+                let id = self.engine.node_id(n)?;
+                self.engine
+                    .evaluate(id, &demand.request)
+                    .ok()
+                    .map(|c| c.score)
+            })
+            .collect();
+        let mut distinct: Vec<f64> = scores.iter().flatten().copied().collect();
+        distinct.sort_by(|a, b| b.total_cmp(a));
+        distinct.dedup();
+        let levels = distinct.len().max(1) as i64;
+        names
+            .iter()
+            .zip(scores)
+            .map(|(n, s)| HostPriority {
+                host: n.clone(),
+                score: s.map_or(0, |s| {
+                    let rank = distinct.iter().position(|&d| d == s).unwrap_or(0) as i64;
+                    MAX_SCORE - rank * MAX_SCORE / levels
+                }),
+            })
+            .collect()
+    }
+
+    /// `bind`, first half: picks the pod's GPUs on `node` and holds them (assumed).
+    pub fn reserve(
+        &mut self,
+        pod: &Pod,
+        node: &str,
+        timestamp: String,
+    ) -> Result<Reserved, ReserveError> {
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        let demand = match self.demand(pod) {
+            Ok(Some(d)) => d,
+            Ok(None) => return Err(ReserveError::NoGpu { pod: pod_key(pod) }),
+            Err(e) => return Err(ReserveError::Invalid(e)),
+        };
+        // A retried bind: give back what an earlier attempt held.
+        self.forget_pod(&uid);
+        match self.nodes.get(node) {
+            None => {
+                return Err(ReserveError::Node(format!(
+                    "node {node} is not known to gpushare"
+                )));
+            }
+            Some(Err(e)) => return Err(ReserveError::Node(e.clone())),
+            Some(Ok(_)) => {}
+        }
+        let id = self
+            .engine
+            .node_id(node)
+            .expect("engine has every good node");
+        let choice = self
+            .engine
+            .evaluate(id, &demand.request)
+            .map_err(|r| ReserveError::Unfit(r.to_string()))?;
+        let p = Placement {
+            node: id,
+            gpus: choice.gpus,
+        };
+        self.engine.commit(&demand.request, p);
+        let uuids = self.uuids.get(node).cloned().unwrap_or_default();
+        let gpus: Vec<(u32, String)> = choice
+            .gpus
+            .iter()
+            .map(|i| {
+                let uuid = uuids
+                    .iter()
+                    .find(|(x, _)| *x as usize == i)
+                    .map(|(_, u)| u.clone())
+                    .unwrap_or_default();
+                (i as u32, uuid)
+            })
+            .collect();
+        let allocation = Allocation {
+            pod: pod_key(pod),
+            node: node.to_string(),
+            gpus: gpus.iter().map(|(i, _)| *i).collect(),
+            demand: demand.request.gpu,
+            bound: false,
+            since: Instant::now(),
+        };
+        self.allocations.insert(uid, allocation.clone());
+        self.recent.push(demand.request.clone());
+        if self.recent.len() > 4096 {
+            self.recent.drain(..2048);
+        }
+        Ok(Reserved {
+            assignment: demand.assignment(&gpus, timestamp),
+            allocation,
+        })
+    }
+
+    /// Per node and GPU: (memory used MiB, memory MiB, core used per-mille, pods).
+    pub fn usage(&self) -> Vec<(String, Vec<(u64, u64, u32, u32)>)> {
+        self.engine
+            .nodes()
+            .iter()
+            .map(|n| {
+                (
+                    n.spec.name.clone(),
+                    n.gpus
+                        .iter()
+                        .map(|g| {
+                            (
+                                g.memory_mib - g.memory_free,
+                                g.memory_mib,
+                                1000 - g.core_free,
+                                g.pods,
+                            )
+                        })
+                        .collect(),
+                )
+            })
+            .collect()
+    }
+}
+
+fn request_of(a: &Allocation) -> Request {
+    let mut r = Request::cpu_only(a.pod.clone(), 0, 0);
+    r.gpu = a.demand;
+    r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::{Container, PodSpec, PodStatus, ResourceRequirements};
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    fn node(name: &str, gpus: u32, mode: &str, placement: &str) -> Node {
+        let inv = NodeGpus {
+            version: 1,
+            gpus: (0..gpus)
+                .map(|i| crate::request::node::NodeGpu {
+                    index: i,
+                    uuid: format!("GPU-{name}-{i}"),
+                    model: "sim".into(),
+                    memory_mib: 15 * 1024,
+                    healthy: true,
+                })
+                .collect(),
+        };
+        Node {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                labels: Some(
+                    [
+                        ("ack.node.gpu.schedule".to_string(), mode.to_string()),
+                        ("ack.node.gpu.placement".to_string(), placement.to_string()),
+                    ]
+                    .into(),
+                ),
+                annotations: Some([(NODE_GPUS_ANNOTATION.to_string(), inv.to_json())].into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        }
+    }
+
+    fn pod(name: &str, mem: &str, core: Option<&str>) -> Pod {
+        let mut limits = vec![("aliyun.com/gpu-mem".to_string(), Quantity(mem.into()))];
+        if let Some(c) = core {
+            limits.push((
+                "aliyun.com/gpu-core.percentage".to_string(),
+                Quantity(c.into()),
+            ));
+        }
+        Pod {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                namespace: Some("default".into()),
+                uid: Some(format!("uid-{name}")),
+                ..Default::default()
+            },
+            spec: Some(PodSpec {
+                containers: vec![Container {
+                    name: "main".into(),
+                    resources: Some(ResourceRequirements {
+                        limits: Some(limits.into_iter().collect()),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn bound(mut p: Pod, node: &str, a: &Assignment) -> Pod {
+        p.spec.as_mut().unwrap().node_name = Some(node.into());
+        p.metadata.annotations = Some([(ASSIGNMENT_ANNOTATION.to_string(), a.to_json())].into());
+        p
+    }
+
+    fn names(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn filter_reasons_and_binpack_reservations() {
+        let mut c = Cluster::new(
+            "gpushare",
+            ResourceNames::default(),
+            Duration::from_secs(60),
+        );
+        c.set_node(&node("a", 4, "core_mem", "binpack"));
+        c.set_node(&node("m", 2, "cgpu", "binpack"));
+        let mut plain = node("x", 0, "core_mem", "binpack");
+        plain.metadata.annotations = None;
+        c.set_node(&plain);
+        let p = pod("p1", "2", Some("30"));
+        let r = c.filter(&p, &names(&["a", "m", "x", "unknown"]));
+        assert_eq!(r.node_names.as_deref(), Some(&names(&["a"])[..]));
+        assert!(
+            r.failed_and_unresolvable_nodes["m"].contains("schedule=cgpu"),
+            "{r:?}"
+        );
+        assert!(r.failed_and_unresolvable_nodes["x"].contains("gpushare.io/gpus"));
+        assert!(r.failed_nodes["unknown"].contains("not known"));
+        // Memory-only pod: not on the core_mem node.
+        let r = c.filter(&pod("m1", "2", None), &names(&["a", "m"]));
+        assert_eq!(r.node_names.as_deref(), Some(&names(&["m"])[..]));
+        assert!(
+            r.failed_and_unresolvable_nodes["a"].contains("has none"),
+            "{r:?}"
+        );
+        // Invalid: every node fails with the reason.
+        let r = c.filter(&pod("bad", "2", Some("33")), &names(&["a"]));
+        assert!(
+            r.failed_and_unresolvable_nodes["a"].contains("33 is not a multiple of 5"),
+            "{r:?}"
+        );
+        // Binpack: three 30 % pods share GPU 0, the fourth goes to GPU 1.
+        let mut gpus = Vec::new();
+        for i in 0..4 {
+            let res = c
+                .reserve(&pod(&format!("q{i}"), "2", Some("30")), "a", "t".into())
+                .unwrap();
+            gpus.push(res.allocation.gpus[0]);
+        }
+        assert_eq!(gpus, [0, 0, 0, 1]);
+        let usage = c.usage();
+        let a = usage.iter().find(|(n, _)| n == "a").unwrap();
+        assert_eq!(a.1[0], (6144, 15360, 900, 3));
+    }
+
+    #[test]
+    fn never_overcommits_and_survives_restart() {
+        let mut c = Cluster::new("binpack", ResourceNames::default(), Duration::from_secs(60));
+        c.set_node(&node("a", 2, "core_mem", "binpack"));
+        let mut placed = Vec::new();
+        for i in 0..10 {
+            let p = pod(&format!("p{i}"), "4", Some("40"));
+            match c.reserve(&p, "a", "t".into()) {
+                Ok(r) => placed.push((p, r)),
+                Err(e) => assert!(
+                    e.to_string().contains("too few GPUs") || e.to_string().contains("GPU"),
+                    "{e}"
+                ),
+            }
+        }
+        // 2 GPUs × min(15 GiB / 4, 100 % / 40 %) = 2 × 2.
+        assert_eq!(placed.len(), 4);
+        for g in &c.usage()[0].1 {
+            assert!(g.0 <= g.1 && g.2 <= 1000, "{g:?}");
+        }
+        // Restart: a new cache rebuilt from the bound pods' annotations holds the same.
+        let mut d = Cluster::new("binpack", ResourceNames::default(), Duration::from_secs(60));
+        d.set_node(&node("a", 2, "core_mem", "binpack"));
+        for (p, r) in &placed {
+            d.observe_pod(&bound(p.clone(), "a", &r.assignment));
+        }
+        assert_eq!(c.usage(), d.usage());
+        assert!(
+            d.reserve(&pod("late", "4", Some("40")), "a", "t".into())
+                .is_err()
+        );
+        // A pod finishing gives its share back.
+        let (p, r) = &placed[0];
+        let mut done = bound(p.clone(), "a", &r.assignment);
+        done.status = Some(PodStatus {
+            phase: Some("Succeeded".into()),
+            ..Default::default()
+        });
+        d.observe_pod(&done);
+        assert!(
+            d.reserve(&pod("late", "4", Some("40")), "a", "t".into())
+                .is_ok()
+        );
+        // Assumed allocations expire when never seen bound.
+        let mut e = Cluster::new(
+            "binpack",
+            ResourceNames::default(),
+            Duration::from_millis(0),
+        );
+        e.set_node(&node("a", 1, "core_mem", "binpack"));
+        e.reserve(&pod("x", "15", Some("100")), "a", "t".into())
+            .unwrap();
+        assert!(
+            e.reserve(&pod("y", "1", Some("5")), "a", "t".into())
+                .is_err()
+        );
+        std::thread::sleep(Duration::from_millis(2));
+        assert_eq!(e.expire_assumed(Instant::now()), ["default/x"]);
+        assert!(
+            e.reserve(&pod("y", "1", Some("5")), "a", "t".into())
+                .is_ok()
+        );
+    }
+
+    #[test]
+    fn node_changes_keep_allocations() {
+        let mut c = Cluster::new(
+            "gpushare",
+            ResourceNames::default(),
+            Duration::from_secs(60),
+        );
+        c.set_node(&node("a", 2, "core_mem", "binpack"));
+        c.reserve(&pod("p", "8", Some("50")), "a", "t".into())
+            .unwrap();
+        // A second node joins: the engine is rebuilt with the allocation re-applied.
+        c.set_node(&node("b", 2, "core_mem", "spread"));
+        let a = c.usage().into_iter().find(|(n, _)| n == "a").unwrap();
+        assert_eq!(a.1[0].0 + a.1[1].0, 8192);
+        let pr = c.prioritize(&pod("q", "2", Some("10")), &names(&["a", "b"]));
+        assert_eq!(pr.len(), 2);
+        assert!(pr.iter().all(|h| (0..=MAX_SCORE).contains(&h.score)));
+        assert!(pr.iter().any(|h| h.score == MAX_SCORE));
+        // Relabelling to cgpu: the node no longer takes core pods.
+        c.set_node(&node("a", 2, "cgpu", "binpack"));
+        let r = c.filter(&pod("q", "2", Some("10")), &names(&["a"]));
+        assert!(r.failed_and_unresolvable_nodes.contains_key("a"));
+    }
+}

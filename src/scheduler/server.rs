@@ -1,0 +1,436 @@
+//! The extender's HTTP side: `POST /filter`, `/prioritize`, `/bind` (kube-scheduler's extender
+//! protocol), `GET /healthz`, `/metrics` (Prometheus text) and `/allocations` (JSON).
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use async_trait::async_trait;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use k8s_openapi::api::core::v1::Pod;
+
+use super::cache::Cluster;
+use super::podreq::pod_key;
+use super::wire::{
+    ExtenderArgs, ExtenderBindingArgs, ExtenderBindingResult, ExtenderFilterResult, HostPriority,
+};
+use crate::request::ASSIGNMENT_ANNOTATION;
+use crate::request::node::{
+    ACK_GPU_MEM_ASSIGNED, ACK_GPU_MEM_ASSUME_TIME, ACK_GPU_MEM_DEV, ACK_GPU_MEM_IDX,
+    ACK_GPU_MEM_POD,
+};
+
+/// What `bind` needs from the API server (a trait so the benchmark and tests can run the
+/// extender without one).
+#[async_trait]
+pub trait Binder: Send + Sync {
+    async fn get_pod(&self, namespace: &str, name: &str) -> Result<Pod, String>;
+    /// Merge-patches pod annotations (`None` removes one).
+    async fn annotate(
+        &self,
+        namespace: &str,
+        name: &str,
+        annotations: BTreeMap<String, Option<String>>,
+    ) -> Result<(), String>;
+    /// Creates the pod's Binding to `node`.
+    async fn bind(&self, namespace: &str, name: &str, uid: &str, node: &str) -> Result<(), String>;
+}
+
+/// Latency histogram (seconds) with fixed buckets.
+#[derive(Debug)]
+pub struct Histogram {
+    buckets: [AtomicU64; 8],
+    count: AtomicU64,
+    sum_ns: AtomicU64,
+}
+
+const BUCKETS_S: [f64; 8] = [0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 1.0];
+
+impl Default for Histogram {
+    fn default() -> Self {
+        Histogram {
+            buckets: Default::default(),
+            count: AtomicU64::new(0),
+            sum_ns: AtomicU64::new(0),
+        }
+    }
+}
+
+impl Histogram {
+    pub fn observe(&self, since: Instant) {
+        let s = since.elapsed().as_secs_f64();
+        for (b, le) in self.buckets.iter().zip(BUCKETS_S) {
+            if s <= le {
+                b.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        self.count.fetch_add(1, Ordering::Relaxed);
+        self.sum_ns.fetch_add((s * 1e9) as u64, Ordering::Relaxed);
+    }
+
+    fn write(&self, out: &mut String, name: &str, labels: &str) {
+        for (b, le) in self.buckets.iter().zip(BUCKETS_S) {
+            let _ = writeln!(
+                out,
+                "{name}_bucket{{{labels},le=\"{le}\"}} {}",
+                b.load(Ordering::Relaxed)
+            );
+        }
+        let count = self.count.load(Ordering::Relaxed);
+        let _ = writeln!(out, "{name}_bucket{{{labels},le=\"+Inf\"}} {count}");
+        let _ = writeln!(
+            out,
+            "{name}_sum{{{labels}}} {}",
+            self.sum_ns.load(Ordering::Relaxed) as f64 / 1e9
+        );
+        let _ = writeln!(out, "{name}_count{{{labels}}} {count}");
+    }
+}
+
+#[derive(Debug, Default)]
+pub struct Metrics {
+    pub filter: Histogram,
+    pub prioritize: Histogram,
+    pub bind: Histogram,
+    pub binds_ok: AtomicU64,
+    pub binds_failed: AtomicU64,
+    pub assumed_expired: AtomicU64,
+    pub watch_restarts: AtomicU64,
+}
+
+/// Shared by the handlers and the watch loop.
+pub struct Extender {
+    pub cluster: Mutex<Cluster>,
+    pub binder: Arc<dyn Binder>,
+    pub metrics: Metrics,
+    /// Both watches listed once (until then filter answers with an error).
+    pub synced_nodes: AtomicBool,
+    pub synced_pods: AtomicBool,
+}
+
+impl Extender {
+    pub fn new(cluster: Cluster, binder: Arc<dyn Binder>) -> Self {
+        Extender {
+            cluster: Mutex::new(cluster),
+            binder,
+            metrics: Metrics::default(),
+            synced_nodes: AtomicBool::new(false),
+            synced_pods: AtomicBool::new(false),
+        }
+    }
+
+    pub fn synced(&self) -> bool {
+        self.synced_nodes.load(Ordering::Acquire) && self.synced_pods.load(Ordering::Acquire)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Cluster> {
+        self.cluster.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn filter(&self, args: &ExtenderArgs) -> ExtenderFilterResult {
+        let t = Instant::now();
+        let names = candidate_names(args);
+        let out = match &args.pod {
+            None => ExtenderFilterResult {
+                error: "filter: the request carries no Pod".into(),
+                ..Default::default()
+            },
+            Some(_) if !self.synced() => ExtenderFilterResult {
+                error: "gpushare scheduler: cache not synced with the API server yet".into(),
+                ..Default::default()
+            },
+            Some(pod) => self.lock().filter(pod, &names),
+        };
+        self.metrics.filter.observe(t);
+        out
+    }
+
+    pub fn prioritize(&self, args: &ExtenderArgs) -> Vec<HostPriority> {
+        let t = Instant::now();
+        let names = candidate_names(args);
+        let out = match &args.pod {
+            Some(pod) => self.lock().prioritize(pod, &names),
+            None => Vec::new(),
+        };
+        self.metrics.prioritize.observe(t);
+        out
+    }
+
+    /// Reserves the GPUs, writes the assignment, binds; on any failure gives the GPUs back.
+    pub async fn bind(&self, args: &ExtenderBindingArgs) -> ExtenderBindingResult {
+        let t = Instant::now();
+        let r = self.bind_inner(args).await;
+        self.metrics.bind.observe(t);
+        match r {
+            Ok(()) => {
+                self.metrics.binds_ok.fetch_add(1, Ordering::Relaxed);
+                ExtenderBindingResult::default()
+            }
+            Err(e) => {
+                self.metrics.binds_failed.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(pod = %format!("{}/{}", args.pod_namespace, args.pod_name), node = %args.node, "bind failed: {e}");
+                ExtenderBindingResult { error: e }
+            }
+        }
+    }
+
+    async fn bind_inner(&self, args: &ExtenderBindingArgs) -> Result<(), String> {
+        let (ns, name, node) = (&args.pod_namespace, &args.pod_name, &args.node);
+        let pod = self.binder.get_pod(ns, name).await?;
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        if !args.pod_uid.is_empty() && uid != args.pod_uid {
+            return Err(format!(
+                "pod {ns}/{name} has UID {uid}, the bind request names {}",
+                args.pod_uid
+            ));
+        }
+        if let Some(bound) = pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) {
+            return Err(format!("pod {ns}/{name} is already bound to {bound}"));
+        }
+        let (reserved, unit, dev) = {
+            let mut c = self.lock();
+            let r = c
+                .reserve(&pod, node, now_rfc3339())
+                .map_err(|e| e.to_string())?;
+            let unit = c.names().memory_unit.mib();
+            let first = r.allocation.gpus.first().copied().unwrap_or(0) as usize;
+            let dev = c
+                .engine()
+                .node_id(node)
+                .and_then(|id| c.engine().nodes()[id].gpus.get(first))
+                .map(|g| g.memory_mib / unit);
+            (r, unit, dev)
+        };
+        let mut ann: BTreeMap<String, Option<String>> = BTreeMap::new();
+        ann.insert(
+            ASSIGNMENT_ANNOTATION.into(),
+            Some(reserved.assignment.to_json()),
+        );
+        let first = reserved.allocation.gpus.first().copied().unwrap_or(0);
+        let pod_mem: u64 = reserved
+            .assignment
+            .containers
+            .values()
+            .flatten()
+            .map(|s| s.memory_mib)
+            .sum();
+        ann.insert(ACK_GPU_MEM_IDX.into(), Some(first.to_string()));
+        ann.insert(ACK_GPU_MEM_POD.into(), Some((pod_mem / unit).to_string()));
+        ann.insert(ACK_GPU_MEM_ASSIGNED.into(), Some("false".into()));
+        ann.insert(
+            ACK_GPU_MEM_ASSUME_TIME.into(),
+            Some(
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_nanos())
+                    .to_string(),
+            ),
+        );
+        if let Some(dev) = dev {
+            ann.insert(ACK_GPU_MEM_DEV.into(), Some(dev.to_string()));
+        }
+        if let Err(e) = self.binder.annotate(ns, name, ann.clone()).await {
+            self.lock().forget_pod(&uid);
+            return Err(format!("cannot annotate pod {ns}/{name}: {e}"));
+        }
+        if let Err(e) = self.binder.bind(ns, name, &uid, node).await {
+            self.lock().forget_pod(&uid);
+            // Take the assignment back so nothing on the pod claims GPUs it does not hold.
+            let clear = ann.keys().map(|k| (k.clone(), None)).collect();
+            if let Err(e2) = self.binder.annotate(ns, name, clear).await {
+                tracing::warn!(pod = %pod_key(&pod), "cannot remove the assignment after a failed bind: {e2}");
+            }
+            return Err(format!("cannot bind pod {ns}/{name} to {node}: {e}"));
+        }
+        tracing::info!(
+            pod = %pod_key(&pod), node = %node, gpus = ?reserved.allocation.gpus,
+            "bound"
+        );
+        Ok(())
+    }
+
+    pub fn metrics_text(&self) -> String {
+        let mut out = String::new();
+        let m = &self.metrics;
+        let _ = writeln!(out, "# TYPE gpushare_extender_request_seconds histogram");
+        m.filter.write(
+            &mut out,
+            "gpushare_extender_request_seconds",
+            "verb=\"filter\"",
+        );
+        m.prioritize.write(
+            &mut out,
+            "gpushare_extender_request_seconds",
+            "verb=\"prioritize\"",
+        );
+        m.bind.write(
+            &mut out,
+            "gpushare_extender_request_seconds",
+            "verb=\"bind\"",
+        );
+        let _ = writeln!(out, "# TYPE gpushare_extender_binds_total counter");
+        let _ = writeln!(
+            out,
+            "gpushare_extender_binds_total{{result=\"ok\"}} {}",
+            m.binds_ok.load(Ordering::Relaxed)
+        );
+        let _ = writeln!(
+            out,
+            "gpushare_extender_binds_total{{result=\"failed\"}} {}",
+            m.binds_failed.load(Ordering::Relaxed)
+        );
+        let _ = writeln!(
+            out,
+            "gpushare_extender_assumed_expired_total {}",
+            m.assumed_expired.load(Ordering::Relaxed)
+        );
+        let c = self.lock();
+        let (mut assumed, mut bound) = (0, 0);
+        for (_, a) in c.allocations() {
+            if a.bound { bound += 1 } else { assumed += 1 }
+        }
+        let _ = writeln!(out, "# TYPE gpushare_extender_allocations gauge");
+        let _ = writeln!(
+            out,
+            "gpushare_extender_allocations{{state=\"assumed\"}} {assumed}"
+        );
+        let _ = writeln!(
+            out,
+            "gpushare_extender_allocations{{state=\"bound\"}} {bound}"
+        );
+        let _ = writeln!(out, "gpushare_extender_gpu_nodes {}", c.gpu_nodes());
+        let _ = writeln!(out, "# TYPE gpushare_gpu_memory_allocated_mib gauge");
+        for (node, gpus) in c.usage() {
+            for (i, (used, total, core, pods)) in gpus.iter().enumerate() {
+                let l = format!("node=\"{node}\",gpu=\"{i}\"");
+                let _ = writeln!(out, "gpushare_gpu_memory_allocated_mib{{{l}}} {used}");
+                let _ = writeln!(out, "gpushare_gpu_memory_mib{{{l}}} {total}");
+                let _ = writeln!(
+                    out,
+                    "gpushare_gpu_core_allocated_percent{{{l}}} {}",
+                    core / 10
+                );
+                let _ = writeln!(out, "gpushare_gpu_pods{{{l}}} {pods}");
+            }
+        }
+        let _ = writeln!(out, "gpushare_extender_synced {}", self.synced() as u8);
+        out
+    }
+
+    pub fn allocations_json(&self) -> serde_json::Value {
+        let c = self.lock();
+        let mut v: Vec<serde_json::Value> = c
+            .allocations()
+            .map(|(uid, a)| {
+                serde_json::json!({
+                    "uid": uid, "pod": a.pod, "node": a.node, "gpus": a.gpus,
+                    "bound": a.bound,
+                })
+            })
+            .collect();
+        v.sort_by(|a, b| a["pod"].as_str().cmp(&b["pod"].as_str()));
+        serde_json::json!({ "allocations": v, "usage": c.usage() })
+    }
+}
+
+fn candidate_names(args: &ExtenderArgs) -> Vec<String> {
+    if let Some(n) = &args.node_names {
+        return n.clone();
+    }
+    args.nodes
+        .as_ref()
+        .map(|l| {
+            l.items
+                .iter()
+                .filter_map(|n| n.metadata.name.clone())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// RFC 3339 UTC time, seconds precision.
+pub fn now_rfc3339() -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64);
+    let (days, rem) = (secs.div_euclid(86400), secs.rem_euclid(86400));
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+pub fn router(ext: Arc<Extender>) -> Router {
+    Router::new()
+        .route("/filter", post(filter))
+        .route("/prioritize", post(prioritize))
+        .route("/bind", post(bind))
+        .route("/healthz", get(healthz))
+        .route("/metrics", get(metrics))
+        .route("/allocations", get(allocations))
+        .with_state(ext)
+}
+
+async fn filter(State(e): State<Arc<Extender>>, Json(a): Json<ExtenderArgs>) -> impl IntoResponse {
+    Json(e.filter(&a))
+}
+
+async fn prioritize(
+    State(e): State<Arc<Extender>>,
+    Json(a): Json<ExtenderArgs>,
+) -> impl IntoResponse {
+    Json(e.prioritize(&a))
+}
+
+async fn bind(
+    State(e): State<Arc<Extender>>,
+    Json(a): Json<ExtenderBindingArgs>,
+) -> impl IntoResponse {
+    Json(e.bind(&a).await)
+}
+
+async fn healthz(State(e): State<Arc<Extender>>) -> impl IntoResponse {
+    if e.synced() {
+        (StatusCode::OK, "ok\n")
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "cache not synced\n")
+    }
+}
+
+async fn metrics(State(e): State<Arc<Extender>>) -> impl IntoResponse {
+    e.metrics_text()
+}
+
+async fn allocations(State(e): State<Arc<Extender>>) -> impl IntoResponse {
+    Json(e.allocations_json())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rfc3339() {
+        let s = now_rfc3339();
+        assert_eq!(s.len(), 20, "{s}");
+        assert!(s.starts_with("20") && s.ends_with('Z'), "{s}");
+    }
+}
