@@ -6,7 +6,7 @@ CARGO ?= cargo
 BIN := target/release/gpushare
 comma := ,
 
-.PHONY: all build demo test unit e2e lint bench bench-throttle bench-pack deps
+.PHONY: all build demo test unit e2e e2e-k8s lint bench bench-throttle bench-pack bench-extender deps
 
 all: build
 
@@ -31,7 +31,16 @@ e2e: build
 		bash tests/e2e/deps.sh && bash tests/e2e/run.sh; \
 	fi
 
-test: unit e2e
+# The seed walkthrough on a real one-node Kubernetes 1.36.3 cluster (built from Go modules into
+# target/peers; the first build takes ~10 min, later runs reuse it). Root only, like e2e.
+e2e-k8s: build
+	@if [[ $$EUID -ne 0 && "$${CI:-}" != "true" ]]; then \
+		echo "SKIP e2e-k8s: needs root (kubelet, containerd, runc, CNI); run 'sudo make e2e-k8s'"; \
+	else \
+		bash tests/e2e/deps.sh && bash tests/e2e-k8s/run.sh; \
+	fi
+
+test: unit e2e e2e-k8s
 
 lint:
 	$(CARGO) fmt --check
@@ -43,6 +52,11 @@ bench: build
 
 # Compute-quota accuracy (THROTTLE.md) on the sim backend: needs root, cgroup v1, a quiet
 # machine; writes target/bench/throttle.json and target/bench/throttle.png.
+# Scheduler extender on a synthetic 5,000-node × 8-GPU cache: filter+prioritize latency over
+# HTTP and binds per second; writes target/bench/extender.json.
+bench-extender:
+	$(CARGO) bench --bench extender
+
 bench-throttle:
 	$(CARGO) bench --bench throttle
 	python3 -m venv target/bench/venv

@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use crate::deviceplugin::DevicePluginConfig;
 use crate::gpu::sim::SimConfig;
 use crate::request::ResourceNames;
 use crate::throttle::controller::ThrottleConfig;
@@ -92,6 +93,17 @@ pub struct NodeConfig {
     pub resources: ResourceNames,
     pub sim: SimConfig,
     pub throttle: ThrottleConfig,
+    /// The kubelet device plugin (off by default).
+    pub device_plugin: DevicePluginConfig,
+    pub kubernetes: KubernetesConfig,
+}
+
+/// `[kubernetes]`: how the node agent reaches the API server (node annotation, node labels).
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct KubernetesConfig {
+    /// kubeconfig file; unset: `$KUBECONFIG`, else in-cluster, else `~/.kube/config`.
+    pub kubeconfig: Option<PathBuf>,
 }
 
 impl Default for NodeConfig {
@@ -114,6 +126,8 @@ impl Default for NodeConfig {
             resources: ResourceNames::default(),
             sim: SimConfig::default(),
             throttle: ThrottleConfig::default(),
+            device_plugin: DevicePluginConfig::default(),
+            kubernetes: KubernetesConfig::default(),
         }
     }
 }
@@ -184,9 +198,16 @@ impl NodeConfig {
         }
     }
 
+    /// `node_name`, else `$NODE_NAME` (a DaemonSet sets it from `spec.nodeName`), else the host
+    /// name.
     pub fn node_name(&self) -> String {
         if !self.node_name.is_empty() {
             return self.node_name.clone();
+        }
+        if let Ok(n) = std::env::var("NODE_NAME")
+            && !n.is_empty()
+        {
+            return n;
         }
         nix::unistd::gethostname()
             .ok()

@@ -34,6 +34,10 @@ enum Command {
     },
     /// Replay a cluster trace through the placement policies and report GPU fragmentation.
     Simulate(gpushare::simulate::SimulateArgs),
+    /// Show GPU allocation per node and GPU (like `kubectl inspect cgpu`).
+    Inspect(gpushare::inspect::InspectArgs),
+    /// The kube-scheduler extender: filter, prioritize and bind GPU-sharing pods.
+    Scheduler(gpushare::scheduler::SchedulerArgs),
 }
 
 #[derive(Args, Clone)]
@@ -84,6 +88,20 @@ struct NodeArgs {
     log_format: Option<LogFormat>,
     #[arg(long)]
     log_file: Option<PathBuf>,
+    /// Also run the kubelet device plugin (memory, core, count resources) and publish the
+    /// node's GPUs as the node annotation gpushare.io/gpus.
+    #[arg(long)]
+    device_plugin: bool,
+    /// The kubelet's device-plugin directory (kubelet.sock and our sockets).
+    #[arg(long)]
+    device_plugin_dir: Option<PathBuf>,
+    /// Advertise gpu-core.percentage: auto (node label ack.node.gpu.schedule=core_mem), true, false.
+    #[arg(long, value_enum)]
+    device_plugin_core: Option<gpushare::deviceplugin::CoreMode>,
+    /// kubeconfig for the node annotation and labels (default: $KUBECONFIG, in-cluster,
+    /// ~/.kube/config).
+    #[arg(long)]
+    kubeconfig: Option<PathBuf>,
 }
 
 impl NodeArgs {
@@ -140,6 +158,18 @@ impl NodeArgs {
         if let Some(v) = &self.cgroup_root {
             cfg.throttle.cgroup_root = v.clone();
         }
+        if self.device_plugin {
+            cfg.device_plugin.enabled = true;
+        }
+        if let Some(v) = &self.device_plugin_dir {
+            cfg.device_plugin.dir = v.clone();
+        }
+        if let Some(v) = self.device_plugin_core {
+            cfg.device_plugin.core = v;
+        }
+        if let Some(v) = &self.kubeconfig {
+            cfg.kubernetes.kubeconfig = Some(v.clone());
+        }
         cfg.validate()?;
         Ok(cfg)
     }
@@ -174,6 +204,8 @@ fn main() -> anyhow::Result<()> {
         }
         Command::Guardian { list } => Ok(gpushare::throttle::guardian::run(&list)?),
         Command::Simulate(args) => gpushare::simulate::main(&args),
+        Command::Inspect(args) => gpushare::inspect::main(&args),
+        Command::Scheduler(args) => gpushare::scheduler::main(&args),
     }
 }
 
@@ -197,6 +229,7 @@ fn run_node(cfg: NodeConfig) -> anyhow::Result<()> {
             dev_root = %cfg.dev_root().display(),
             "gpushare node starting"
         );
+        let gpus = (state.node_name.clone(), state.inventory.clone());
         let node = Arc::new(Node::new(state));
         let controller = start_controller(&cfg, &node)?;
         if let Some(addr) = cfg.status_listen.clone() {
@@ -211,6 +244,19 @@ fn run_node(cfg: NodeConfig) -> anyhow::Result<()> {
                 }
             });
         }
+        // Started last: nothing after it can fail and leave its sockets behind.
+        let device_plugin = cfg.device_plugin.enabled.then(|| {
+            gpushare::deviceplugin::Agent::start(
+                &cfg.device_plugin,
+                gpushare::deviceplugin::Settings::new(&cfg.device_plugin.dir),
+                &cfg.resources,
+                &gpus.0,
+                &gpus.1,
+                Some(gpushare::deviceplugin::KubeAccess::Config(
+                    cfg.kubernetes.kubeconfig.clone(),
+                )),
+            )
+        });
         let reg = Registration {
             name: cfg.plugin_name.clone(),
             index: cfg.plugin_index.clone(),
@@ -219,6 +265,9 @@ fn run_node(cfg: NodeConfig) -> anyhow::Result<()> {
         tokio::select! {
             _ = plugin::run_external(&socket, reg, node) => {}
             _ = shutdown_signal() => tracing::info!("shutting down"),
+        }
+        if let Some(dp) = device_plugin {
+            dp.shutdown().await;
         }
         if let Some(c) = controller {
             c.stop();

@@ -241,6 +241,23 @@ impl Engine {
         }
     }
 
+    /// Every node's score for `req` (`None`: it does not fit), indexed by node id, through the
+    /// same score cache as [`Engine::decide`]: only nodes changed since the last request of
+    /// this shape are scored again.
+    pub fn scores(&mut self, req: &Request) -> Vec<Option<Choice>> {
+        let slot = self.cache.slot(req, self.nodes.len());
+        let cached = &mut self.cache.slots[slot].1;
+        for (id, entry) in cached.iter_mut().enumerate() {
+            if entry.version != self.versions[id] {
+                *entry = Cached {
+                    version: self.versions[id],
+                    choice: score(&self.nodes[id], id, req, self.policy.as_ref()),
+                };
+            }
+        }
+        cached.iter().map(|c| c.choice).collect()
+    }
+
     /// What [`Engine::decide`] returns, computed from scratch without the score cache (read
     /// only; slower).
     pub fn decide_fresh(&self, req: &Request) -> Result<Placement, Unschedulable> {

@@ -21,6 +21,9 @@ use crate::placement::{Workload, model::ScheduleMode};
 use crate::request::node::{NODE_GPUS_ANNOTATION, NodeGpus};
 use crate::request::{ASSIGNMENT_ANNOTATION, Assignment, ResourceNames};
 
+/// One GPU's allocation: (memory allocated MiB, memory MiB, core allocated per-mille, pods).
+pub type GpuUsage = (u64, u64, u32, u32);
+
 /// Large enough for any node: kube-scheduler itself checks CPU and memory.
 const UNLIMITED: u64 = u64::MAX / 4;
 
@@ -69,6 +72,8 @@ pub struct Cluster {
     /// Requests of recent GPU pods (the typical shapes of the `gpushare` and `fgd` policies).
     recent: Vec<Request>,
     rebuilds: u64,
+    /// Node changes not yet in the engine.
+    pending: bool,
 }
 
 fn engine_for(
@@ -167,6 +172,7 @@ impl Cluster {
             assume_ttl,
             recent: Vec::new(),
             rebuilds: 0,
+            pending: false,
         }
     }
 
@@ -194,6 +200,7 @@ impl Cluster {
     /// Builds the engine anew from the nodes and re-applies every allocation.
     fn rebuild(&mut self) {
         self.rebuilds += 1;
+        self.pending = false;
         self.engine = engine_for(&self.nodes, &self.policy, &self.recent);
         let allocs: Vec<Allocation> = self.allocations.values().cloned().collect();
         for a in allocs {
@@ -228,22 +235,38 @@ impl Cluster {
 
     /// A node was added or changed.
     pub fn set_node(&mut self, node: &Node) {
+        if self.set_node_deferred(node) {
+            self.rebuild();
+        }
+    }
+
+    /// Like [`Cluster::set_node`] without rebuilding the engine (for the initial list: call
+    /// [`Cluster::flush`] after the batch). Returns whether a rebuild is due.
+    pub fn set_node_deferred(&mut self, node: &Node) -> bool {
         let Some(name) = node.metadata.name.clone() else {
-            return;
+            return false;
         };
         let entry = node_spec(node);
         let uuids = entry.as_ref().map(|(_, u)| u.clone()).unwrap_or_default();
         let spec = entry.map(|(s, _)| s);
         if self.nodes.get(&name) == Some(&spec) {
             self.uuids.insert(name, uuids);
-            return;
+            return false;
         }
         if let Err(e) = &spec {
             tracing::debug!(node = %name, "not a gpushare node: {e}");
         }
         self.nodes.insert(name.clone(), spec);
         self.uuids.insert(name, uuids);
-        self.rebuild();
+        self.pending = true;
+        true
+    }
+
+    /// Rebuilds the engine if deferred node changes are pending.
+    pub fn flush(&mut self) {
+        if self.pending {
+            self.rebuild();
+        }
     }
 
     pub fn remove_node(&mut self, name: &str) {
@@ -258,7 +281,7 @@ impl Cluster {
         let before = self.nodes.len();
         self.nodes.retain(|n, _| names.contains(n));
         self.uuids.retain(|n, _| names.contains(n));
-        if self.nodes.len() != before {
+        if self.nodes.len() != before || self.pending {
             self.rebuild();
         }
     }
@@ -408,7 +431,7 @@ impl Cluster {
     }
 
     /// `prioritize`: the policy's preference among `names`, as 0..=10 by rank (best 10).
-    pub fn prioritize(&self, pod: &Pod, names: &[String]) -> Vec<HostPriority> {
+    pub fn prioritize(&mut self, pod: &Pod, names: &[String]) -> Vec<HostPriority> {
         let Ok(Some(demand)) = self.demand(pod) else {
             return names
                 .iter()
@@ -418,14 +441,12 @@ impl Cluster {
                 })
                 .collect();
         };
+        let all = self.engine.scores(&demand.request);
         let scores: Vec<Option<f64>> = names
             .iter()
             .map(|n| {
                 let id = self.engine.node_id(n)?;
-                self.engine
-                    .evaluate(id, &demand.request)
-                    .ok()
-                    .map(|c| c.score)
+                all[id].map(|c| c.score)
             })
             .collect();
         let mut distinct: Vec<f64> = scores.iter().flatten().copied().collect();
@@ -514,8 +535,8 @@ impl Cluster {
         })
     }
 
-    /// Per node and GPU: (memory used MiB, memory MiB, core used per-mille, pods).
-    pub fn usage(&self) -> Vec<(String, Vec<(u64, u64, u32, u32)>)> {
+    /// Per node and GPU: what is allocated ([`GpuUsage`]).
+    pub fn usage(&self) -> Vec<(String, Vec<GpuUsage>)> {
         self.engine
             .nodes()
             .iter()
@@ -647,7 +668,7 @@ mod tests {
         let r = c.filter(&pod("m1", "2", None), &names(&["a", "m"]));
         assert_eq!(r.node_names.as_deref(), Some(&names(&["m"])[..]));
         assert!(
-            r.failed_and_unresolvable_nodes["a"].contains("has none"),
+            r.failed_and_unresolvable_nodes["a"].contains("needs a cgpu or share node"),
             "{r:?}"
         );
         // Invalid: every node fails with the reason.

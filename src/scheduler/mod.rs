@@ -55,11 +55,13 @@ pub fn main(args: &SchedulerArgs) -> anyhow::Result<()> {
     if !POLICIES.contains(&args.policy.as_str()) {
         return Err(UnknownPolicy(args.policy.clone()).into());
     }
-    let mut names = ResourceNames::default();
-    names.memory_unit = match args.memory_unit.as_str() {
-        "GiB" => crate::request::MemoryUnit::GiB,
-        "MiB" => crate::request::MemoryUnit::MiB,
-        other => anyhow::bail!("--memory-unit {other:?} is not GiB or MiB"),
+    let names = ResourceNames {
+        memory_unit: match args.memory_unit.as_str() {
+            "GiB" => crate::request::MemoryUnit::GiB,
+            "MiB" => crate::request::MemoryUnit::MiB,
+            other => anyhow::bail!("--memory-unit {other:?} is not GiB or MiB"),
+        },
+        ..Default::default()
     };
     let rt = tokio::runtime::Runtime::new().context("tokio runtime")?;
     rt.block_on(run(args.clone(), names))

@@ -1,0 +1,556 @@
+//! `gpushare inspect`: what is allocated to whom, per node and GPU — the view operators know
+//! from `kubectl inspect cgpu`.
+//!
+//! Pure at the core: [`build`] turns lists of Node and Pod objects into a [`ClusterView`], and
+//! [`render`] turns that into the table, the per-GPU details or JSON. Only [`main`] talks to the
+//! API server (one list of nodes, one of non-terminated pods).
+//!
+//! Numbers come from what the scheduler assigned (pod annotation `gpushare.io/assignment`), not
+//! from what pods request: that is what the node agent enforces. GPUs come from the node
+//! annotation `gpushare.io/gpus`; a node that has only the memory resource allocatable (no agent
+//! annotation yet) gets its GPUs inferred from the allocatable memory and count.
+
+pub mod render;
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+
+use anyhow::Context as _;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{Api, ListParams};
+use serde::Serialize;
+
+use crate::request::limits::{MemoryUnit, ResourceNames};
+use crate::request::node::{NODE_GPUS_ANNOTATION, NodeGpus};
+use crate::request::{ASSIGNMENT_ANNOTATION, Assignment};
+
+/// Node label: how GPUs of the node are shared (`core_mem`, `cgpu`, `share`, `default`).
+pub const SCHEDULE_LABEL: &str = "ack.node.gpu.schedule";
+/// Node label: placement policy on the node (`binpack`, `spread`).
+pub const PLACEMENT_LABEL: &str = "ack.node.gpu.placement";
+
+/// Command-line arguments of `gpushare inspect`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct InspectArgs {
+    /// kubeconfig file (default: $KUBECONFIG, in-cluster, ~/.kube/config).
+    #[arg(long)]
+    pub kubeconfig: Option<PathBuf>,
+    /// Per node and GPU: model, UUID, health, and the pods holding shares.
+    #[arg(short, long)]
+    pub details: bool,
+    /// Print the same data as JSON (memory always in MiB).
+    #[arg(long, conflicts_with = "details")]
+    pub json: bool,
+    /// Unit memory is shown in: GiB or MiB.
+    #[arg(long, default_value = "GiB", value_parser = parse_unit)]
+    pub unit: MemoryUnit,
+    /// Unit of the GPU-memory resource aliyun.com/gpu-mem (GiB or MiB), as the scheduler's
+    /// --memory-unit; used for nodes whose GPUs are inferred from their allocatable memory.
+    #[arg(long, default_value = "GiB", value_parser = parse_unit)]
+    pub memory_unit: MemoryUnit,
+    /// Only these nodes (default: every GPU node).
+    #[arg(value_name = "NODE")]
+    pub nodes: Vec<String>,
+}
+
+impl InspectArgs {
+    pub fn resource_names(&self) -> ResourceNames {
+        ResourceNames {
+            memory_unit: self.memory_unit,
+            ..ResourceNames::default()
+        }
+    }
+}
+
+/// Parses a memory unit name as given on the command line.
+pub fn parse_unit(s: &str) -> Result<MemoryUnit, String> {
+    match s.to_ascii_lowercase().as_str() {
+        "gib" | "gi" => Ok(MemoryUnit::GiB),
+        "mib" | "mi" => Ok(MemoryUnit::MiB),
+        _ => Err(format!("unit {s:?} is not GiB or MiB")),
+    }
+}
+
+/// Where a node's GPU list came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub enum GpuSource {
+    /// The agent's `gpushare.io/gpus` annotation.
+    Annotation,
+    /// Inferred from the allocatable memory and count resources (no annotation).
+    Allocatable,
+}
+
+/// One container's share of one GPU.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ShareView {
+    pub namespace: String,
+    pub pod: String,
+    pub container: String,
+    #[serde(rename = "memoryMiB")]
+    pub memory_mib: u64,
+    /// Absent for memory-only shares.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub core_percent: Option<u64>,
+}
+
+/// One GPU of a node and who holds shares of it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GpuView {
+    pub index: u32,
+    pub uuid: String,
+    pub model: String,
+    pub healthy: bool,
+    #[serde(rename = "memoryTotalMiB")]
+    pub memory_total_mib: u64,
+    #[serde(rename = "memoryAllocatedMiB")]
+    pub memory_allocated_mib: u64,
+    pub core_total: u64,
+    pub core_allocated: u64,
+    pub shares: Vec<ShareView>,
+}
+
+/// One GPU node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeView {
+    pub name: String,
+    /// InternalIP, else ExternalIP; empty when the node reports neither.
+    pub address: String,
+    /// Label `ack.node.gpu.schedule`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub schedule: Option<String>,
+    /// Label `ack.node.gpu.placement`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub placement: Option<String>,
+    pub gpu_source: GpuSource,
+    pub gpus: Vec<GpuView>,
+    #[serde(rename = "memoryTotalMiB")]
+    pub memory_total_mib: u64,
+    #[serde(rename = "memoryAllocatedMiB")]
+    pub memory_allocated_mib: u64,
+    pub core_total: u64,
+    pub core_allocated: u64,
+    /// Problems seen on this node: unreadable annotations, pods with GPU resources but no
+    /// assignment, over-committed GPUs.
+    pub warnings: Vec<String>,
+}
+
+/// The whole cluster (or the nodes asked for).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterView {
+    pub nodes: Vec<NodeView>,
+    #[serde(rename = "memoryTotalMiB")]
+    pub memory_total_mib: u64,
+    #[serde(rename = "memoryAllocatedMiB")]
+    pub memory_allocated_mib: u64,
+    pub core_total: u64,
+    pub core_allocated: u64,
+    /// Problems not tied to one of the listed nodes (e.g. an assigned pod whose node is
+    /// unknown). Empty when nodes were selected by name.
+    pub warnings: Vec<String>,
+}
+
+/// Why the view cannot be built.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum InspectError {
+    #[error("node {0:?} not found")]
+    NoSuchNode(String),
+    #[error(
+        "node {node:?} has no GPUs for gpushare (no {annotation} annotation and no {memory} allocatable)"
+    )]
+    NotAGpuNode {
+        node: String,
+        annotation: &'static str,
+        memory: String,
+    },
+}
+
+/// Whether the pod still holds what it was given (phase not Succeeded/Failed).
+pub fn is_active(pod: &Pod) -> bool {
+    !matches!(
+        pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+        Some("Succeeded" | "Failed")
+    )
+}
+
+fn pod_key(pod: &Pod) -> (String, String) {
+    (
+        pod.metadata.namespace.clone().unwrap_or_default(),
+        pod.metadata.name.clone().unwrap_or_default(),
+    )
+}
+
+fn node_address(node: &Node) -> String {
+    let addrs = node
+        .status
+        .as_ref()
+        .and_then(|s| s.addresses.as_deref())
+        .unwrap_or_default();
+    ["InternalIP", "ExternalIP"]
+        .iter()
+        .find_map(|t| addrs.iter().find(|a| a.type_ == *t))
+        .map(|a| a.address.clone())
+        .unwrap_or_default()
+}
+
+fn allocatable_int(node: &Node, resource: &str) -> Option<Result<u64, String>> {
+    let q = node.status.as_ref()?.allocatable.as_ref()?.get(resource)?;
+    Some(
+        q.0.trim()
+            .parse::<u64>()
+            .map_err(|_| format!("allocatable {resource} {:?} is not an integer", q.0)),
+    )
+}
+
+/// The GPUs of `node`, from its annotation or, failing that, its allocatable resources.
+/// `Ok(None)`: not a GPU node. Warnings are pushed to `warnings`.
+fn node_gpus(
+    node: &Node,
+    names: &ResourceNames,
+    warnings: &mut Vec<String>,
+) -> Option<(GpuSource, Vec<GpuView>)> {
+    let gpu = |index, uuid, model, healthy, memory_mib| GpuView {
+        index,
+        uuid,
+        model,
+        healthy,
+        memory_total_mib: memory_mib,
+        memory_allocated_mib: 0,
+        core_total: 100,
+        core_allocated: 0,
+        shares: Vec::new(),
+    };
+    if let Some(raw) = node
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(NODE_GPUS_ANNOTATION))
+    {
+        match NodeGpus::parse(raw) {
+            Ok(g) => {
+                let gpus = g
+                    .gpus
+                    .into_iter()
+                    .map(|g| gpu(g.index, g.uuid, g.model, g.healthy, g.memory_mib))
+                    .collect();
+                return Some((GpuSource::Annotation, gpus));
+            }
+            Err(e) => warnings.push(e.to_string()),
+        }
+    }
+    let memory_units = match allocatable_int(node, &names.memory)? {
+        Ok(0) => return None,
+        Ok(v) => v,
+        Err(e) => {
+            warnings.push(e);
+            return None;
+        }
+    };
+    let count = match allocatable_int(node, &names.count) {
+        Some(Ok(c)) if c > 0 => c,
+        Some(Err(e)) => {
+            warnings.push(e);
+            1
+        }
+        _ => 1,
+    };
+    let per_gpu = memory_units * names.memory_unit.mib() / count;
+    let gpus = (0..count as u32)
+        .map(|i| gpu(i, String::new(), String::new(), true, per_gpu))
+        .collect();
+    Some((GpuSource::Allocatable, gpus))
+}
+
+/// GPU resources a container asks for, as `name=value` pairs (limits, else requests).
+fn gpu_requests(pod: &Pod, names: &ResourceNames) -> Vec<String> {
+    let Some(spec) = &pod.spec else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for c in spec
+        .init_containers
+        .iter()
+        .flatten()
+        .chain(spec.containers.iter())
+    {
+        let Some(res) = &c.resources else { continue };
+        for name in [&names.memory, &names.core, &names.count] {
+            let v = res
+                .limits
+                .as_ref()
+                .and_then(|l| l.get(name))
+                .or_else(|| res.requests.as_ref().and_then(|r| r.get(name)));
+            if let Some(v) = v
+                && v.0 != "0"
+            {
+                out.push(format!("{name}={} (container {:?})", v.0, c.name));
+            }
+        }
+    }
+    out
+}
+
+/// Builds the view from every Node and Pod the caller listed. `only`: node names to keep
+/// (empty: all GPU nodes); each must exist and be a GPU node.
+pub fn build(
+    nodes: &[Node],
+    pods: &[Pod],
+    names: &ResourceNames,
+    only: &[String],
+) -> Result<ClusterView, InspectError> {
+    let mut views: BTreeMap<String, NodeView> = BTreeMap::new();
+    let mut cluster_warnings = Vec::new();
+    let mut all_names = Vec::new();
+    for node in nodes {
+        let Some(name) = node.metadata.name.clone() else {
+            continue;
+        };
+        all_names.push(name.clone());
+        let mut warnings = Vec::new();
+        let Some((gpu_source, gpus)) = node_gpus(node, names, &mut warnings) else {
+            if !warnings.is_empty() {
+                cluster_warnings.extend(warnings.into_iter().map(|w| format!("node {name}: {w}")));
+            }
+            continue;
+        };
+        let label = |k: &str| {
+            node.metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(k))
+                .cloned()
+        };
+        views.insert(
+            name.clone(),
+            NodeView {
+                address: node_address(node),
+                schedule: label(SCHEDULE_LABEL),
+                placement: label(PLACEMENT_LABEL),
+                name,
+                gpu_source,
+                gpus,
+                memory_total_mib: 0,
+                memory_allocated_mib: 0,
+                core_total: 0,
+                core_allocated: 0,
+                warnings,
+            },
+        );
+    }
+    // A pod assigned but not yet bound has no nodeName; its GPUs' UUIDs still name the node.
+    let by_uuid: HashMap<String, String> = views
+        .values()
+        .flat_map(|n| {
+            n.gpus
+                .iter()
+                .filter(|g| !g.uuid.is_empty())
+                .map(|g| (g.uuid.clone(), n.name.clone()))
+        })
+        .collect();
+
+    let mut pods: Vec<&Pod> = pods.iter().filter(|p| is_active(p)).collect();
+    pods.sort_by_key(|p| pod_key(p));
+    for pod in pods {
+        let (ns, pod_name) = pod_key(pod);
+        let who = format!("pod {ns}/{pod_name}");
+        let node_name = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.node_name.clone())
+            .filter(|n| !n.is_empty());
+        let raw = pod
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(ASSIGNMENT_ANNOTATION));
+        let Some(raw) = raw else {
+            // Bound without an assignment: kubelet accounts its GPU resources, we cannot say
+            // which GPU they are on.
+            if let Some(n) = node_name.as_ref().and_then(|n| views.get_mut(n)) {
+                let asks = gpu_requests(pod, names);
+                if !asks.is_empty() {
+                    n.warnings.push(format!(
+                        "{who} requests {} but has no {ASSIGNMENT_ANNOTATION} annotation; not counted",
+                        asks.join(", ")
+                    ));
+                }
+            }
+            continue;
+        };
+        let assignment = match Assignment::parse(raw) {
+            Ok(a) => a,
+            Err(e) => {
+                let w = format!("{who}: {e}; not counted");
+                match node_name.as_ref().and_then(|n| views.get_mut(n)) {
+                    Some(n) => n.warnings.push(w),
+                    None => cluster_warnings.push(w),
+                }
+                continue;
+            }
+        };
+        let node_name = node_name.or_else(|| {
+            assignment
+                .containers
+                .values()
+                .flatten()
+                .find_map(|s| by_uuid.get(&s.gpu_uuid).cloned())
+        });
+        let Some(node_name) = node_name else {
+            cluster_warnings.push(format!(
+                "{who} is assigned GPUs but not bound, and no node has its GPUs' UUIDs; not counted"
+            ));
+            continue;
+        };
+        let Some(view) = views.get_mut(&node_name) else {
+            cluster_warnings.push(format!(
+                "{who} is assigned GPUs on node {node_name}, which publishes no GPUs; not counted"
+            ));
+            continue;
+        };
+        for (container, shares) in &assignment.containers {
+            for share in shares {
+                let Some(gpu) = view.gpus.iter_mut().find(|g| g.index == share.gpu_index) else {
+                    view.warnings.push(format!(
+                        "{who} container {container:?} is assigned GPU {} which node {node_name} does not have; not counted",
+                        share.gpu_index
+                    ));
+                    continue;
+                };
+                let core_percent = match share.core_percent {
+                    Some(c) if !(0..=100).contains(&c) => {
+                        view.warnings.push(format!(
+                            "{who} container {container:?} has corePercent {c} on GPU {}; counted as 0",
+                            share.gpu_index
+                        ));
+                        Some(0)
+                    }
+                    c => c.map(|c| c as u64),
+                };
+                gpu.memory_allocated_mib += share.memory_mib;
+                gpu.core_allocated += core_percent.unwrap_or(0);
+                gpu.shares.push(ShareView {
+                    namespace: ns.clone(),
+                    pod: pod_name.clone(),
+                    container: container.clone(),
+                    memory_mib: share.memory_mib,
+                    core_percent,
+                });
+            }
+        }
+    }
+
+    for n in views.values_mut() {
+        for g in &n.gpus {
+            if g.memory_allocated_mib > g.memory_total_mib {
+                n.warnings.push(format!(
+                    "GPU {} memory is over-committed: {} MiB allocated of {} MiB",
+                    g.index, g.memory_allocated_mib, g.memory_total_mib
+                ));
+            }
+            if g.core_allocated > g.core_total {
+                n.warnings.push(format!(
+                    "GPU {} compute is over-committed: {}% allocated of {}%",
+                    g.index, g.core_allocated, g.core_total
+                ));
+            }
+        }
+        n.memory_total_mib = n.gpus.iter().map(|g| g.memory_total_mib).sum();
+        n.memory_allocated_mib = n.gpus.iter().map(|g| g.memory_allocated_mib).sum();
+        n.core_total = n.gpus.iter().map(|g| g.core_total).sum();
+        n.core_allocated = n.gpus.iter().map(|g| g.core_allocated).sum();
+    }
+
+    let nodes: Vec<NodeView> = if only.is_empty() {
+        views.into_values().collect()
+    } else {
+        cluster_warnings.clear();
+        let mut picked = Vec::with_capacity(only.len());
+        for name in only {
+            if picked.iter().any(|n: &NodeView| &n.name == name) {
+                continue;
+            }
+            match views.remove(name) {
+                Some(v) => picked.push(v),
+                None if all_names.contains(name) => {
+                    return Err(InspectError::NotAGpuNode {
+                        node: name.clone(),
+                        annotation: NODE_GPUS_ANNOTATION,
+                        memory: names.memory.clone(),
+                    });
+                }
+                None => return Err(InspectError::NoSuchNode(name.clone())),
+            }
+        }
+        picked
+    };
+    Ok(ClusterView {
+        memory_total_mib: nodes.iter().map(|n| n.memory_total_mib).sum(),
+        memory_allocated_mib: nodes.iter().map(|n| n.memory_allocated_mib).sum(),
+        core_total: nodes.iter().map(|n| n.core_total).sum(),
+        core_allocated: nodes.iter().map(|n| n.core_allocated).sum(),
+        nodes,
+        warnings: cluster_warnings,
+    })
+}
+
+/// Lists every object of `api`, page by page.
+async fn list_all<K>(api: &Api<K>, lp: ListParams) -> kube::Result<Vec<K>>
+where
+    K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let mut out = Vec::new();
+    let mut lp = lp.limit(500);
+    loop {
+        let page = api.list(&lp).await?;
+        out.extend(page.items);
+        match page.metadata.continue_ {
+            Some(token) if !token.is_empty() => lp = lp.continue_token(&token),
+            _ => return Ok(out),
+        }
+    }
+}
+
+/// Reads nodes and non-terminated pods from the API server.
+pub async fn fetch(client: kube::Client) -> anyhow::Result<(Vec<Node>, Vec<Pod>)> {
+    let nodes = list_all(&Api::<Node>::all(client.clone()), ListParams::default())
+        .await
+        .context("cannot list nodes")?;
+    let pods = list_all(
+        &Api::<Pod>::all(client),
+        ListParams::default().fields("status.phase!=Succeeded,status.phase!=Failed"),
+    )
+    .await
+    .context("cannot list pods")?;
+    Ok((nodes, pods))
+}
+
+/// `gpushare inspect`: fetch, build, print to stdout; warnings go to stderr (table mode).
+pub fn main(args: &InspectArgs) -> anyhow::Result<()> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    let (nodes, pods) = rt.block_on(async {
+        let client = crate::kubeclient::client(args.kubeconfig.as_deref()).await?;
+        fetch(client).await
+    })?;
+    let view = build(&nodes, &pods, &args.resource_names(), &args.nodes)?;
+    let out = if args.json {
+        render::json(&view)
+    } else if args.details {
+        render::details(&view, args.unit)
+    } else {
+        render::table(&view, args.unit)
+    };
+    print!("{out}");
+    if !args.json && !args.details {
+        for w in render::all_warnings(&view) {
+            eprintln!("warning: {w}");
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,290 @@
+#!/usr/bin/env bash
+# The seed walkthrough on a real one-node Kubernetes cluster (tests/e2e-k8s/cluster.sh:
+# etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubelet 1.36.3 built from
+# their Go modules; containerd 2.x with NRI; bridge CNI), with `gpushare node` (NRI plugin,
+# throttling controller, device plugin; sim backend, 4 GPUs × 15 GiB) and `gpushare
+# scheduler` (the extender kube-scheduler calls). Everything through kubectl, as a user would.
+#
+#   sudo tests/e2e-k8s/run.sh        (make e2e-k8s)
+#
+# Ends with "N passed, M failed"; exits non-zero on any failure.
+set -euo pipefail
+
+# shellcheck source=tests/e2e-k8s/cluster.sh
+source "$(dirname "${BASH_SOURCE[0]}")/cluster.sh"
+
+BIN=$E2E_REPO/target/release/gpushare
+[[ -x $BIN ]] || { echo "e2e-k8s: $BIN not built (cargo build --release)" >&2; exit 1; }
+EXT_PORT=${GPUSHARE_EXT_PORT:-39999}
+STATUS_PORT=${GPUSHARE_STATUS_PORT:-39998}
+export K8S_EXTENDER_URL=http://127.0.0.1:$EXT_PORT
+AGENT_PID=
+EXT_PID=
+ROOT=
+
+cleanup() {
+    local pid
+    for pid in "$EXT_PID" "$AGENT_PID"; do
+        [[ -n $pid ]] || continue
+        kill "$pid" 2>/dev/null || true
+        wait "$pid" 2>/dev/null || true
+    done
+    if [[ -n ${K8S_SAVE_LOGS_DIR:-} && -n $ROOT ]]; then
+        mkdir -p "$K8S_SAVE_LOGS_DIR"
+        cp "$ROOT"/agent.log "$ROOT"/extender.log "$K8S_SAVE_LOGS_DIR"/ 2>/dev/null || true
+    fi
+    k8s_down
+}
+trap cleanup EXIT
+
+kc() { k8s_kubectl "$@"; }
+
+# The seed's workload: a busy loop that counts rounds in its sim directory (written with a
+# rename so a reader never sees a half-written file).
+BURN='cd /var/run/gpushare; i=0; while :; do awk "BEGIN{for(j=0;j<20000;j++);}"; i=$((i+1)); echo $i >p.tmp; mv p.tmp progress; done'
+
+# pod_yaml NAME MEM CORE CMD [ANNOTATIONS_YAML]: a Pod asking for MEM GiB and CORE % ("" to
+# leave the core out).
+pod_yaml() {
+    local name=$1 mem=$2 core=$3 cmd=$4 ann=${5:-}
+    cat <<EOF
+apiVersion: v1
+kind: Pod
+metadata:
+  name: $name
+  labels: {app: gpushare-e2e}
+${ann:+  annotations: $ann}
+spec:
+  terminationGracePeriodSeconds: 1
+  automountServiceAccountToken: false
+  restartPolicy: Never
+  containers:
+  - name: main
+    image: $E2E_BUSYBOX_IMAGE
+    imagePullPolicy: Never
+    command: ["sh", "-c", '$cmd']
+    resources:
+      limits:
+        aliyun.com/gpu-mem: "$mem"
+${core:+        aliyun.com/gpu-core.percentage: \"$core\"}
+EOF
+}
+
+job_yaml() { # NAME MEM CORE CMD
+    cat <<EOF
+apiVersion: batch/v1
+kind: Job
+metadata:
+  name: $1
+spec:
+  backoffLimit: 0
+  template:
+    metadata:
+      labels: {app: gpushare-e2e}
+    spec:
+      terminationGracePeriodSeconds: 1
+      automountServiceAccountToken: false
+      restartPolicy: Never
+      containers:
+      - name: main
+        image: $E2E_BUSYBOX_IMAGE
+        imagePullPolicy: Never
+        command: ["sh", "-c", '$4']
+        resources:
+          limits:
+            aliyun.com/gpu-mem: "$2"
+            aliyun.com/gpu-core.percentage: "$3"
+EOF
+}
+
+wait_for() { # TIMEOUT DESC CMD...: poll CMD every 0.5 s
+    local t=$1 desc=$2 i
+    shift 2
+    for ((i = 0; i < t * 2; i++)); do
+        "$@" >/dev/null 2>&1 && return 0
+        sleep 0.5
+    done
+    echo "e2e-k8s: timed out after ${t}s waiting for: $desc" >&2
+    return 1
+}
+
+running() { [[ $(kc get pod "$1" -o jsonpath='{.status.phase}') == Running ]]; }
+assigned_gpu() { # POD -> the GPU index of its assignment (first container, first GPU)
+    kc get pod "$1" -o json | jq -r '.metadata.annotations["gpushare.io/assignment"] | fromjson | .containers[][0].gpuIndex'
+}
+container_id() { kc get pod "$1" -o jsonpath='{.status.containerStatuses[0].containerID}' | sed 's|.*://||'; }
+progress() { cat "$ROOT/agent-state/sim/$(container_id "$1")/progress"; }
+job_pod() { kc get pod -l "job-name=$1" -o jsonpath='{.items[0].metadata.name}'; }
+
+# Every GPU's allocation from the pods' assignments (non-terminated pods) must fit the GPU:
+# memory ≤ 15360 MiB and core ≤ 100 %. Prints the per-GPU sums.
+no_overcommit() {
+    kc get pods -o json | jq -e '
+      [.items[] | select(.status.phase != "Succeeded" and .status.phase != "Failed")
+       | select(.metadata.annotations["gpushare.io/assignment"] != null)
+       | select(.spec.nodeName != null)
+       | .metadata.annotations["gpushare.io/assignment"] | fromjson | .containers[][]]
+      | group_by(.gpuIndex)
+      | map({gpu: .[0].gpuIndex, mem: (map(.memoryMiB) | add), core: (map(.corePercent // 0) | add), pods: length})
+      | (.[] | "GPU \(.gpu): \(.mem) MiB, \(.core) %, \(.pods) pods" | stderr) as $x
+      | all(.mem <= 15360 and .core <= 100)'
+}
+
+start_agent() {
+    "$BIN" node --nri-socket "$K8S_NRI_SOCK" --gpu-backend sim --dev-root "$ROOT/simdev" \
+        --node-name "$K8S_NODE" --status-listen "127.0.0.1:$STATUS_PORT" \
+        --log-file "$ROOT/agent.log" --state-dir "$ROOT/agent-state" \
+        --device-plugin --device-plugin-dir "$K8S_DEVICE_PLUGIN_DIR" \
+        --device-plugin-core auto --kubeconfig "$KUBECONFIG" &
+    AGENT_PID=$!
+    wait_for 20 "agent healthy" curl -fsS "127.0.0.1:$STATUS_PORT/healthz"
+}
+
+start_extender() {
+    "$BIN" scheduler --listen "127.0.0.1:$EXT_PORT" --kubeconfig "$ROOT/gpushare-scheduler.kubeconfig" \
+        >>"$ROOT/extender.log" 2>&1 &
+    EXT_PID=$!
+    wait_for 30 "extender synced" curl -fsS "127.0.0.1:$EXT_PORT/healthz"
+}
+
+allocatable() { kc get node "$K8S_NODE" -o json | jq -r --arg r "aliyun.com/$1" '.status.allocatable[$r] // ""'; }
+alloc_is() { [[ $(allocatable "$1") == "$2" ]]; } # RESOURCE VALUE
+
+# ----------------------------------------------------------------------------- set-up ----
+k8s_build_peers
+e2e_build_images
+ROOT=$(mktemp -d /tmp/gpushare-k8s.XXXXXX)
+k8s_up "$ROOT"
+
+# The extender's identity (CN=gpushare-scheduler), its RBAC and the admission policy.
+_k8s_cert gpushare-scheduler "/CN=gpushare-scheduler" clientAuth
+_k8s_kubeconfig "$ROOT/gpushare-scheduler.kubeconfig" gpushare-scheduler gpushare-scheduler
+e2e_require "RBAC for the extender applied" kc apply -f "$E2E_REPO/install/scheduler-rbac.yaml"
+e2e_require "admission policy applied" kc apply -f "$E2E_REPO/install/admission-policy.yaml"
+# A policy takes effect a moment after it is created: probe with a server-side dry run.
+policy_active() { ! job_yaml probe 2 33 'sleep 1' | kc apply --dry-run=server -f - >/dev/null 2>&1; }
+e2e_require "admission policy in force" wait_for 30 "admission policy active" policy_active
+
+echo "=== 1. node: labels, device plugin, allocatable"
+e2e_require "gpushare node starts (NRI + device plugin)" start_agent
+e2e_require "node labelled core_mem / binpack" kc label node "$K8S_NODE" --overwrite \
+    ack.node.gpu.schedule=core_mem ack.node.gpu.placement=binpack
+e2e_check "allocatable gpu-core.percentage becomes 400" wait_for 60 "core 400" alloc_is gpu-core.percentage 400
+e2e_check "allocatable gpu-count is 4" alloc_is gpu-count 4
+e2e_check "allocatable gpu-mem is 60" alloc_is gpu-mem 60
+kc get node "$K8S_NODE" -o yaml | grep -E '^\s+aliyun.com/' | sort -u
+e2e_check "node annotation gpushare.io/gpus lists 4 GPUs" bash -c \
+    "$K8S_KUBECTL get node $K8S_NODE -o json | jq -e '.metadata.annotations[\"gpushare.io/gpus\"] | fromjson | .gpus | length == 4'"
+e2e_require "gpushare scheduler (extender) starts and syncs" start_extender
+
+echo "=== 2. the sample Job (2 GiB, 30 %) and an unconstrained pod"
+job_yaml sample 2 30 "$BURN" | kc apply -f - >/dev/null
+pod_yaml burn100 2 100 "$BURN" | kc apply -f - >/dev/null
+e2e_check "sample Job's pod runs" wait_for 120 "sample running" bash -c "p=\$($K8S_KUBECTL get pod -l job-name=sample -o jsonpath='{.items[0].metadata.name}') && [[ \$($K8S_KUBECTL get pod \$p -o jsonpath='{.status.phase}') == Running ]]"
+e2e_check "unconstrained pod (core 100) runs" wait_for 120 "burn100 running" running burn100
+SAMPLE=$(job_pod sample)
+SGPU=$(assigned_gpu "$SAMPLE")
+echo "sample pod $SAMPLE assigned GPU $SGPU; burn100 assigned GPU $(assigned_gpu burn100)"
+e2e_check "the assignment names one GPU with 2048 MiB and 30 %" bash -c \
+    "$K8S_KUBECTL get pod $SAMPLE -o json | jq -e '.metadata.annotations[\"gpushare.io/assignment\"] | fromjson | .containers.main | length == 1 and .[0].memoryMiB == 2048 and .[0].corePercent == 30'"
+e2e_check "in the container only that GPU's device node exists" bash -c \
+    "[[ \$($K8S_KUBECTL exec $SAMPLE -- ls /dev | grep -E '^nvidia[0-9]+$' | tr '\n' ' ') == 'nvidia$SGPU ' ]]"
+e2e_check "the container sees the kubelet grant (env from the NRI plugin)" bash -c \
+    "$K8S_KUBECTL exec $SAMPLE -- env | grep -q '^NVIDIA_VISIBLE_DEVICES='"
+sleep 3
+a0=$(progress burn100) b0=$(progress "$SAMPLE")
+sleep 10
+a1=$(progress burn100) b1=$(progress "$SAMPLE")
+ratio=$(((b1 - b0) * 1000 / (a1 - a0 > 0 ? a1 - a0 : 1)))
+echo "rates over 10 s: unconstrained $(((a1 - a0) / 10))/s, sample (30 %) $(((b1 - b0) / 10))/s, ratio $((ratio / 10)).$((ratio % 10))%"
+e2e_check "sample runs at 30 ±5 % of the unconstrained pod (ratio ${ratio}‰)" test "$ratio" -ge 250 -a "$ratio" -le 350
+e2e_check "agent metrics show the sample pod's quota" bash -c \
+    "curl -fsS 127.0.0.1:$STATUS_PORT/metrics | grep -q 'gpushare_container_gpu_core_quota_ratio{pod=\"default/$SAMPLE\".*} 0.30'"
+kc delete pod burn100 --wait=true >/dev/null
+
+echo "=== 3. binpack: three more 30 % pods"
+for i in 1 2 3; do
+    pod_yaml "more$i" 2 30 'sleep 3600' | kc apply -f - >/dev/null
+    wait_for 60 "more$i running" running "more$i" || true
+done
+g1=$(assigned_gpu more1) g2=$(assigned_gpu more2) g3=$(assigned_gpu more3)
+echo "GPUs: sample $SGPU, more1 $g1, more2 $g2, more3 $g3"
+e2e_check "sample, more1, more2 share one GPU (3 × 30 ≤ 100)" test "$SGPU" = "$g1" -a "$g1" = "$g2"
+e2e_check "more3 goes to another GPU" test "$g3" != "$g1"
+e2e_check "all four run" bash -c "for p in more1 more2 more3; do [[ \$($K8S_KUBECTL get pod \$p -o jsonpath='{.status.phase}') == Running ]] || exit 1; done"
+
+echo "=== 4. refusals"
+out=$(job_yaml bad33 2 33 'sleep 1' | kc apply -f - 2>&1) && rc=0 || rc=$?
+echo "$out"
+e2e_check "a Job with gpu-core.percentage 33 is refused at kubectl apply" test "$rc" -ne 0
+e2e_check "… with the reason" grep -q "33" <<<"$out"
+e2e_check "… and nothing was created" bash -c "! $K8S_KUBECTL get job bad33 2>/dev/null"
+out=$(pod_yaml forged 2 30 'sleep 1' "{gpushare.io/assignment: '{\"version\":1,\"containers\":{\"main\":[{\"gpuIndex\":3,\"memoryMiB\":2048,\"corePercent\":30}]}}'}" |
+    kc apply -f - 2>&1) && rc=0 || rc=$?
+echo "$out"
+e2e_check "a pod that sets gpushare.io/assignment itself is refused" test "$rc" -ne 0
+e2e_check "… naming the annotation" grep -q "gpushare.io/assignment" <<<"$out"
+pod_yaml memonly 2 "" 'sleep 3600' | kc apply -f - >/dev/null
+reason() { kc get pod memonly -o jsonpath='{.status.conditions[?(@.type=="PodScheduled")].message}'; }
+e2e_check "a memory-only pod is not placed on the core_mem node" wait_for 60 "memonly unschedulable" \
+    bash -c "[[ \$($K8S_KUBECTL get pod memonly -o jsonpath='{.status.conditions[?(@.type==\"PodScheduled\")].status}') == False ]]"
+echo "memonly: $(reason)"
+e2e_check "… with a readable reason" grep -q "needs a cgpu or share node" <<<"$(reason)"
+e2e_check "… and it stays unbound" test -z "$(kc get pod memonly -o jsonpath='{.spec.nodeName}')"
+kc delete pod memonly --wait=false >/dev/null
+
+echo "=== 5. 50 pods at once (1 GiB, 10 % each); the extender killed and restarted mid-way"
+many_yaml() { # FROM TO
+    local i
+    for i in $(seq -w "$1" "$2"); do pod_yaml "many-$i" 1 10 'sleep 3600'; echo ---; done
+}
+bound_count() { kc get pods -o json | jq '[.items[] | select(.metadata.name | startswith("many-")) | select(.spec.nodeName != null)] | length'; }
+bound_at_least() { (($(bound_count) >= $1)); }
+many_yaml 01 25 >"$ROOT/many-a.yaml"
+many_yaml 26 50 >"$ROOT/many-b.yaml"
+kc apply -f "$ROOT/many-a.yaml" >/dev/null
+e2e_check "the first 25 are bound" wait_for 120 "25 bound" bound_at_least 25
+# Killed (SIGKILL: no goodbye), the other 25 arrive while it is away; the restarted extender
+# must rebuild the allocations from the pods' annotations before it binds anything.
+kill -9 "$EXT_PID"
+wait "$EXT_PID" 2>/dev/null || true
+EXT_PID=
+kc apply -f "$ROOT/many-b.yaml" >/dev/null
+sleep 3
+e2e_check "nothing is bound while the extender is away" test "$(bound_count)" -eq 25
+e2e_check "extender restarted and re-synced from the pods' annotations" start_extender
+# Capacity left: GPU $SGPU has 10 % left, GPU $g3 70 %, two idle GPUs 100 % each → 1 + 7 + 10 + 10.
+expect=28
+e2e_check "all that fit are bound ($expect)" wait_for 180 "$expect bound" bound_at_least "$expect"
+sleep 5
+echo "bound: $(bound_count) of 50"
+e2e_check "no more than fit were bound" test "$(bound_count)" -eq "$expect"
+e2e_check "no GPU over-committed (memory ≤ 15 GiB, core ≤ 100 % on every GPU)" no_overcommit
+running_many() { kc get pods -o json | jq '[.items[] | select(.metadata.name | startswith("many-")) | select(.status.phase == "Running")] | length'; }
+e2e_check "every bound pod runs" wait_for 240 "$expect running" bash -c "(( \$($K8S_KUBECTL get pods -o json | jq '[.items[] | select(.metadata.name | startswith(\"many-\")) | select(.status.phase == \"Running\")] | length') >= $expect ))"
+echo "running: $(running_many)"
+pending_reasons() { kc get pods -o json | jq -r '.items[] | select(.metadata.name | startswith("many-")) | select(.spec.nodeName == null) | .status.conditions[]? | select(.type == "PodScheduled") | .message'; }
+pending_reasons | sort | uniq -c | head -5
+e2e_check "the rest wait with the extender's reason" wait_for 60 "reasons" bash -c \
+    "$K8S_KUBECTL get pods -o json | jq -e '[.items[] | select(.metadata.name | startswith(\"many-\")) | select(.spec.nodeName == null) | .status.conditions[]? | select(.type == \"PodScheduled\") | .message] | length == 22 and all(test(\"compute free\"))'"
+e2e_check "extender metrics count the binds" bash -c \
+    "curl -fsS 127.0.0.1:$EXT_PORT/metrics | grep -E '^gpushare_extender_binds_total\\{result=\"ok\"\\} [1-9]'"
+
+echo "=== 6. gpushare inspect"
+out=$("$BIN" inspect --kubeconfig "$KUBECONFIG" 2>&1) || true
+echo "$out"
+e2e_check "inspect prints the per-GPU table" grep -q "GPU0(Allocated/Total)" <<<"$out"
+e2e_check "inspect shows GPU memory 60 GiB in the cluster" grep -q "/60" <<<"$out"
+out=$("$BIN" inspect --kubeconfig "$KUBECONFIG" -d 2>&1) || true
+echo "$out" | head -30
+e2e_check "inspect -d lists the sample pod" grep -q "$SAMPLE" <<<"$out"
+
+echo "=== 7. kubelet restart: the device plugin registers again"
+kc get pods -o name | grep '^pod/many-' | xargs "$K8S_KUBECTL" delete --wait=false >/dev/null
+k8s_restart_kubelet
+e2e_check "allocatable gpu-mem is back to 60 after the kubelet restart" wait_for 90 "gpu-mem 60" alloc_is gpu-mem 60
+e2e_check "allocatable gpu-core.percentage is back to 400" wait_for 30 "core 400" alloc_is gpu-core.percentage 400
+pod_yaml after 1 10 'sleep 3600' | kc apply -f - >/dev/null
+e2e_check "a new GPU pod is granted and runs after the kubelet restart" wait_for 120 "after running" running after
+
+e2e_summary
