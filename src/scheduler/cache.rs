@@ -417,6 +417,14 @@ impl Cluster {
 
     /// Whether node `n` takes `req`; the error says why and whether it is unresolvable.
     fn check(&self, n: &str, req: &Request) -> Result<(), (String, bool)> {
+        // Every good node is in the engine: one hash lookup on the common path.
+        if let Some(id) = self.engine.node_id(n) {
+            return self
+                .engine
+                .check(id, req)
+                .map(|_| ())
+                .map_err(|r: Reject| (r.to_string(), unresolvable(&r.why)));
+        }
         match self.nodes.get(n) {
             None => Err((format!("node {n} is not known to gpushare yet"), false)),
             Some(Err(e)) => Err((e.clone(), true)),
@@ -459,7 +467,8 @@ impl Cluster {
             .map(|(n, s)| HostPriority {
                 host: n.clone(),
                 score: s.map_or(0, |s| {
-                    let rank = distinct.iter().position(|&d| d == s).unwrap_or(0) as i64;
+                    // `distinct` is sorted descending: the rank is how many scores beat `s`.
+                    let rank = distinct.partition_point(|&d| d > s) as i64;
                     MAX_SCORE - rank * MAX_SCORE / levels
                 }),
             })
