@@ -161,9 +161,13 @@ fn respond(status: &str, ctype: &str, body: &str) -> String {
 fn route(node: &Node, path: &str) -> String {
     match path {
         "/healthz" => {
-            let up = node.stats.connected.load(Ordering::Relaxed);
+            // Ready: connected to the runtime and the registry rebuilt from its Synchronize.
+            let up = node.stats.connected.load(Ordering::Relaxed)
+                && node.stats.synced.load(Ordering::Acquire);
             let body = if up {
                 "ok\n"
+            } else if node.stats.connected.load(Ordering::Relaxed) {
+                "connected; registry not synchronized with the runtime yet\n"
             } else {
                 "not connected to the runtime\n"
             };

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use gpushare::placement::{GpuDemand, NodeSpec, ScheduleMode};
 use gpushare::simulate::trace::{TRACE_GPU_MEMORY_MIB, TracePod};
-use gpushare::simulate::{Trace, load_trace, replay, run_trace};
+use gpushare::simulate::{Trace, TraceReport, load_trace, replay, run_trace};
 
 /// 24 nodes of three kinds and an openb-like pod mix (whole GPUs, shares, CPU-only).
 fn synthetic() -> Trace {
@@ -83,16 +83,7 @@ fn replay_metrics_are_sane_and_fragmentation_aware_policies_win() {
         .map(|s| s.to_string())
         .collect();
     let report = run_trace(&t, &policies, &seeds, 130, 2).unwrap();
-    let at100 = |p: &str| {
-        report
-            .results
-            .iter()
-            .find(|r| r.policy == p)
-            .unwrap()
-            .unallocated[2]
-            .unwrap()
-            .median
-    };
+    let at100 = |p: &str| median_at_100(&report, p);
     for r in &report.results {
         let u = r.unallocated[2].unwrap();
         assert!((0.0..40.0).contains(&u.median), "{}: {u:?}", r.policy);
@@ -111,6 +102,18 @@ fn replay_metrics_are_sane_and_fragmentation_aware_policies_win() {
     assert!(json["results"][0]["decision_us"]["p99"].is_number());
     assert!(report.table().contains("gpushare"));
     assert!(unknown_policy_is_refused(&t));
+}
+
+/// `policy`'s median unallocated % at 100 % arrived load.
+fn median_at_100(report: &TraceReport, policy: &str) -> f64 {
+    report
+        .results
+        .iter()
+        .find(|r| r.policy == policy)
+        .unwrap_or_else(|| panic!("no result for {policy}"))
+        .unallocated[2]
+        .unwrap()
+        .median
 }
 
 fn unknown_policy_is_refused(t: &Trace) -> bool {
@@ -166,16 +169,7 @@ fn openb_subset_replay() {
         .collect();
     let report = run_trace(&t, &policies, &[42], 130, 2).unwrap();
     eprintln!("{}", report.table());
-    let at = |p: &str| {
-        report
-            .results
-            .iter()
-            .find(|r| r.policy == p)
-            .unwrap()
-            .unallocated[2]
-            .unwrap()
-            .median
-    };
+    let at = |p: &str| median_at_100(&report, p);
     assert!(at("fgd") < at("bestfit") + 1.0, "{}", report.table());
     assert!(
         at("gpushare") < 15.0 && at("fgd") < 15.0,
@@ -207,16 +201,7 @@ fn published_medians_are_reproduced_on_default() {
     let jobs = std::thread::available_parallelism().map_or(1, |n| n.get());
     let report = run_trace(&t, &policies, &seeds, 130, jobs).unwrap();
     eprintln!("{}", report.table());
-    let at100 = |p: &str| {
-        report
-            .results
-            .iter()
-            .find(|r| r.policy == p)
-            .unwrap()
-            .unallocated[2]
-            .unwrap()
-            .median
-    };
+    let at100 = |p: &str| median_at_100(&report, p);
     let (bestfit, fgd, ours) = (at100("bestfit"), at100("fgd"), at100("gpushare"));
     assert!((bestfit - 7.09).abs() <= 1.0, "bestfit {bestfit} vs 7.09");
     assert!((fgd - 4.77).abs() <= 1.0, "fgd {fgd} vs 4.77");

@@ -153,6 +153,8 @@ pub struct Stats {
     pub creates_refused: AtomicU64,
     pub syncs: AtomicU64,
     pub connected: AtomicBool,
+    /// The registry was rebuilt from the runtime's Synchronize since the last connection.
+    pub synced: AtomicBool,
 }
 
 /// The NRI handler of `gpushare node`.
@@ -372,6 +374,7 @@ impl Handler for Node {
             );
             self.registry.replace_all(records);
             self.stats.syncs.fetch_add(1, Ordering::Relaxed);
+            self.stats.synced.store(true, Ordering::Release);
         }
         Ok(())
     }
@@ -441,6 +444,12 @@ impl Handler for Node {
     }
 
     fn connected(&self, up: bool) {
+        // A new connection starts with a Synchronize (which may even finish before the
+        // registration call returns); from a disconnect until then the registry may be stale,
+        // and the agent is not ready.
+        if !up {
+            self.stats.synced.store(false, Ordering::Release);
+        }
         self.stats.connected.store(up, Ordering::Relaxed);
     }
 }

@@ -215,55 +215,50 @@ impl Engine {
     /// The best node and GPUs for `req`, without placing it. Only nodes that changed since a
     /// request of the same shape was last decided are scored again.
     pub fn decide(&mut self, req: &Request) -> Result<Placement, Unschedulable> {
-        let slot = self.cache.slot(req, self.nodes.len());
-        let cached = &mut self.cache.slots[slot].1;
-        let mut best: Option<(Choice, usize)> = None;
-        for &id in &self.order {
-            let entry = &mut cached[id];
-            if entry.version != self.versions[id] {
-                *entry = Cached {
-                    version: self.versions[id],
-                    choice: score(&self.nodes[id], id, req, self.policy.as_ref()),
-                };
-            }
-            if let Some(c) = entry.choice
-                && best.is_none_or(|(b, _)| c.score > b.score)
-            {
-                best = Some((c, id));
-            }
-        }
-        match best {
-            Some((c, id)) => Ok(Placement {
-                node: id,
-                gpus: c.gpus,
-            }),
-            None => Err(self.unschedulable(req)),
-        }
+        let slot = self.refresh(req);
+        let cached = &self.cache.slots[slot].1;
+        self.pick(req, |id| cached[id].choice)
     }
 
     /// Every node's score for `req` (`None`: it does not fit), indexed by node id, through the
-    /// same score cache as [`Engine::decide`]: only nodes changed since the last request of
-    /// this shape are scored again.
+    /// same score cache as [`Engine::decide`].
     pub fn scores(&mut self, req: &Request) -> Vec<Option<Choice>> {
-        let slot = self.cache.slot(req, self.nodes.len());
-        let cached = &mut self.cache.slots[slot].1;
-        for (id, entry) in cached.iter_mut().enumerate() {
-            if entry.version != self.versions[id] {
-                *entry = Cached {
-                    version: self.versions[id],
-                    choice: score(&self.nodes[id], id, req, self.policy.as_ref()),
-                };
-            }
-        }
-        cached.iter().map(|c| c.choice).collect()
+        let slot = self.refresh(req);
+        self.cache.slots[slot].1.iter().map(|c| c.choice).collect()
     }
 
     /// What [`Engine::decide`] returns, computed from scratch without the score cache (read
     /// only; slower).
     pub fn decide_fresh(&self, req: &Request) -> Result<Placement, Unschedulable> {
+        self.pick(req, |id| {
+            score(&self.nodes[id], id, req, self.policy.as_ref())
+        })
+    }
+
+    /// The cache slot of `req`'s shape, with every node changed since its last use scored
+    /// again.
+    fn refresh(&mut self, req: &Request) -> usize {
+        let slot = self.cache.slot(req, self.nodes.len());
+        for (id, entry) in self.cache.slots[slot].1.iter_mut().enumerate() {
+            if entry.version != self.versions[id] {
+                *entry = Cached {
+                    version: self.versions[id],
+                    choice: score(&self.nodes[id], id, req, self.policy.as_ref()),
+                };
+            }
+        }
+        slot
+    }
+
+    /// The highest-scoring node (ties: the earlier in the tie order).
+    fn pick(
+        &self,
+        req: &Request,
+        choice: impl Fn(usize) -> Option<Choice>,
+    ) -> Result<Placement, Unschedulable> {
         let mut best: Option<(Choice, usize)> = None;
         for &id in &self.order {
-            if let Some(c) = score(&self.nodes[id], id, req, self.policy.as_ref())
+            if let Some(c) = choice(id)
                 && best.is_none_or(|(b, _)| c.score > b.score)
             {
                 best = Some((c, id));

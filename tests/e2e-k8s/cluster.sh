@@ -862,14 +862,7 @@ k8s_down() {
             kill -KILL "${n#/proc/}" 2>/dev/null || true
         done
         # Unmount deepest first (kubelet's volume mounts, netns, ...).
-        for _ in 1 2 3; do
-            m=$(awk -v r="$root/" 'index($5, r) == 1 { print $5 }' /proc/self/mountinfo |
-                awk '{ print length($0) " " $0 }' | sort -rn | cut -d' ' -f2-)
-            [[ -n $m ]] || break
-            while IFS= read -r m; do
-                umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || true
-            done <<<"$m"
-        done
+        e2e_unmount_below "$root"
         _k8s_remove_cgroup_root
         if [[ -n ${K8S_CNI_BRIDGE:-} ]] && ip link show "$K8S_CNI_BRIDGE" >/dev/null 2>&1; then
             ip link delete "$K8S_CNI_BRIDGE" 2>/dev/null || true

@@ -153,6 +153,20 @@ _e2e_image_tar() { # KEY SHORTNAME NAME CMD... -> prints tar path
     echo "$out"
 }
 
+# e2e_unmount_below DIR: unmounts everything mounted below DIR, deepest first (lazily when
+# busy).
+e2e_unmount_below() {
+    local root=$1 m _
+    for _ in 1 2 3; do
+        m=$(awk -v r="$root/" 'index($5, r) == 1 { print $5 }' /proc/self/mountinfo |
+            awk '{ print length($0) " " $0 }' | sort -rn | cut -d' ' -f2-)
+        [[ -n $m ]] || break
+        while IFS= read -r m; do
+            umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || true
+        done <<<"$m"
+    done
+}
+
 # ------------------------------------------------------------ containerd ----
 _e2e_write_config() { # VERSION ROOT -> ROOT/config.toml
     local version=$1 root=$2 runc_opts cfg=$2/config.toml
@@ -490,14 +504,7 @@ e2e_stop_containerd() {
             kill -KILL "$pid" 2>/dev/null || true
         done
         # Unmount deepest first.
-        for _ in 1 2 3; do
-            m=$(awk -v r="$root/" 'index($5, r) == 1 { print $5 }' /proc/self/mountinfo |
-                awk '{ print length($0) " " $0 }' | sort -rn | cut -d' ' -f2-)
-            [[ -n $m ]] || break
-            while IFS= read -r m; do
-                umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || true
-            done <<<"$m"
-        done
+        e2e_unmount_below "$root"
         # Pod cgroups (e2e_pod_json puts pods under E2E_CGROUP_BASE): runc
         # removes container leaves only.
         if [[ -n ${E2E_CGROUP_BASE:-} ]]; then
