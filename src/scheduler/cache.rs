@@ -293,7 +293,8 @@ impl Cluster {
         let Some(uid) = pod.metadata.uid.clone() else {
             return;
         };
-        if terminated(pod) || pod.metadata.deletion_timestamp.is_some() && terminated(pod) {
+        // A pod being deleted keeps its GPUs until it has terminated.
+        if terminated(pod) {
             self.forget_pod(&uid);
             return;
         }

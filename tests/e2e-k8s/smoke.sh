@@ -10,15 +10,7 @@ set -euo pipefail
 # shellcheck source=tests/e2e-k8s/cluster.sh
 source "$(dirname "${BASH_SOURCE[0]}")/cluster.sh"
 
-ext_pid=
-cleanup() {
-    if [[ -n $ext_pid ]]; then
-        kill "$ext_pid" 2>/dev/null || true
-        wait "$ext_pid" 2>/dev/null || true
-    fi
-    k8s_down
-}
-trap cleanup EXIT
+trap k8s_down EXIT
 
 grep_out() { # PATTERN CMD...
     local pat=$1 out
@@ -68,7 +60,6 @@ EOF
 
 apply_pod() { pod_yaml "$@" | k8s_kubectl apply -f -; }
 
-not_in_file() { ! grep -q -- "$1" "$2"; } # PATTERN FILE
 
 job_complete() {
     k8s_kubectl wait --for=condition=Complete --timeout=120s job/smoke-job
@@ -164,33 +155,8 @@ e2e_check "pod smoke-2 Running after restarts" k8s_wait_pod_phase default/smoke-
 e2e_check "kubectl logs smoke-2 prints hello" grep_out '^hello$' k8s_kubectl logs smoke-2
 e2e_check "kubectl exec smoke-2 works" grep_out '^exec-ok$' k8s_kubectl exec smoke-2 -- echo exec-ok
 
-echo "=== scheduler extender (K8S_EXTENDER_URL; tests/e2e-k8s/fake-extender.py)"
-calls=$K8S_ROOT/extender-calls
-ext_port=${K8S_SMOKE_EXTENDER_PORT:-20262}
-: >"$calls"
-python3 "$(dirname "${BASH_SOURCE[0]}")/fake-extender.py" "$ext_port" "$calls" \
-    >"$K8S_ROOT/extender.log" 2>&1 &
-ext_pid=$!
-export K8S_EXTENDER_URL=http://127.0.0.1:$ext_port
-e2e_check "restart kube-scheduler with the extender" k8s_restart_scheduler
-e2e_check "scheduler config names the extender" grep -q "urlPrefix: \"$K8S_EXTENDER_URL\"" \
-    "$K8S_ROOT/scheduler.yaml"
-e2e_check "advertise aliyun.com/gpu-mem: 60 on the node" k8s_kubectl patch node "$K8S_NODE" \
-    --subresource=status --type=merge \
-    -p '{"status":{"capacity":{"aliyun.com/gpu-mem":"60"},"allocatable":{"aliyun.com/gpu-mem":"60"}}}'
-e2e_check "apply pod smoke-gpu (limits aliyun.com/gpu-mem: 2)" \
-    apply_pod smoke-gpu "aliyun.com/gpu-mem: 2"
-e2e_check "pod smoke-gpu Running" k8s_wait_pod_phase default/smoke-gpu Running 120
-e2e_check "extender filtered smoke-gpu" grep -q "^filter default/smoke-gpu $K8S_NODE\$" "$calls"
-e2e_check "extender bound smoke-gpu" grep -q "^bind default/smoke-gpu $K8S_NODE\$" "$calls"
-e2e_check "apply plain pod smoke-3" apply_pod smoke-3
-e2e_check "pod smoke-3 Running" k8s_wait_pod_phase default/smoke-3 Running 120
-e2e_check "extender not asked about smoke-3 (no managed resource)" \
-    not_in_file smoke-3 "$calls"
-unset K8S_EXTENDER_URL
-kill "$ext_pid" 2>/dev/null || true
-wait "$ext_pid" 2>/dev/null || true
-ext_pid=
+# The extender path (K8S_EXTENDER_URL) is exercised with the real `gpushare scheduler` by
+# tests/e2e-k8s/run.sh.
 
 echo "=== teardown"
 down_start=$SECONDS
