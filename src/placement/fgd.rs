@@ -53,6 +53,36 @@ pub fn distinct_gpus(node: &NodeState, fit: GpuSet, mut f: impl FnMut(usize)) {
     }
 }
 
+/// The choice of a fragmentation-scored policy on one node: a one-GPU share tries each distinct
+/// fitting GPU and keeps the best by `eval` (lowest index on ties); any other pod takes the
+/// usual GPUs ([`packed_gpus`]).
+pub fn best_choice(
+    node: &NodeState,
+    req: &Request,
+    fit: GpuSet,
+    eval: impl Fn(GpuSet) -> f64,
+) -> Choice {
+    if let GpuDemand::Shared { count: 1, .. } = req.gpu {
+        let mut best = Choice {
+            score: f64::NEG_INFINITY,
+            gpus: GpuSet::EMPTY,
+        };
+        distinct_gpus(node, fit, |i| {
+            let gpus = GpuSet::single(i);
+            let score = eval(gpus);
+            if score > best.score {
+                best = Choice { score, gpus };
+            }
+        });
+        return best;
+    }
+    let gpus = packed_gpus(node, req, fit);
+    Choice {
+        score: eval(gpus),
+        gpus,
+    }
+}
+
 impl Policy for Fgd {
     fn name(&self) -> &'static str {
         "fgd"
@@ -68,26 +98,8 @@ impl Policy for Fgd {
 
     fn score(&self, id: usize, node: &NodeState, req: &Request, fit: GpuSet) -> Choice {
         let before = self.model.current(id).fgd;
-        if let GpuDemand::Shared { count: 1, .. } = req.gpu {
-            let mut best = Choice {
-                score: f64::NEG_INFINITY,
-                gpus: GpuSet::EMPTY,
-            };
-            distinct_gpus(node, fit, |i| {
-                let gpus = GpuSet::single(i);
-                let after = self.model.after(id, node, req, gpus).fgd;
-                let score = fgd_score(before, after);
-                if score > best.score {
-                    best = Choice { score, gpus };
-                }
-            });
-            return best;
-        }
-        let gpus = packed_gpus(node, req, fit);
-        let after = self.model.after(id, node, req, gpus).fgd;
-        Choice {
-            score: fgd_score(before, after),
-            gpus,
-        }
+        best_choice(node, req, fit, |gpus| {
+            fgd_score(before, self.model.after(id, node, req, gpus).fgd)
+        })
     }
 }

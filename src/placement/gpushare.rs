@@ -18,10 +18,10 @@
 //! The weights were chosen on the openb traces (seeds 42–51) and confirmed on seeds 100–109;
 //! see the README and BENCHMARKS.md.
 
-use super::fgd::{distinct_gpus, fgd_score};
+use super::fgd::{best_choice, fgd_score};
 use super::frag::FragModel;
 use super::model::{GpuDemand, Request};
-use super::policy::{Choice, Policy, packed_gpus};
+use super::policy::{Choice, Policy};
 use super::state::{GpuSet, NodeState};
 use super::workload::Workload;
 
@@ -70,24 +70,6 @@ impl Policy for Gpushare {
             fgd_score(before.fgd, after.fgd)
                 - REPEATED_WEIGHT * (after.repeated - before.repeated + opens)
         };
-        if let GpuDemand::Shared { count: 1, .. } = req.gpu {
-            let mut best = Choice {
-                score: f64::NEG_INFINITY,
-                gpus: GpuSet::EMPTY,
-            };
-            distinct_gpus(node, fit, |i| {
-                let gpus = GpuSet::single(i);
-                let score = eval(gpus);
-                if score > best.score {
-                    best = Choice { score, gpus };
-                }
-            });
-            return best;
-        }
-        let gpus = packed_gpus(node, req, fit);
-        Choice {
-            score: eval(gpus),
-            gpus,
-        }
+        best_choice(node, req, fit, eval)
     }
 }
