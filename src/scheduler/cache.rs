@@ -382,7 +382,9 @@ impl Cluster {
     }
 
     /// `filter`: which of `names` can take the pod, and why the others cannot.
-    pub fn filter(&self, pod: &Pod, names: &[String]) -> ExtenderFilterResult {
+    pub fn filter(&mut self, pod: &Pod, names: &[String]) -> ExtenderFilterResult {
+        // Node changes listed after a watch restart reach the engine before any decision.
+        self.flush();
         let mut out = ExtenderFilterResult::default();
         let demand = match self.demand(pod) {
             Ok(Some(d)) => d,
@@ -427,20 +429,14 @@ impl Cluster {
                 .map_err(|r: Reject| (r.to_string(), unresolvable(&r.why)));
         }
         match self.nodes.get(n) {
-            None => Err((format!("node {n} is not known to gpushare yet"), false)),
             Some(Err(e)) => Err((e.clone(), true)),
-            Some(Ok(_)) => {
-                let id = self.engine.node_id(n).expect("engine has every good node");
-                self.engine
-                    .check(id, req)
-                    .map(|_| ())
-                    .map_err(|r: Reject| (r.to_string(), unresolvable(&r.why)))
-            }
+            _ => Err((format!("node {n} is not known to gpushare yet"), false)),
         }
     }
 
     /// `prioritize`: the policy's preference among `names`, as 0..=10 by rank (best 10).
     pub fn prioritize(&mut self, pod: &Pod, names: &[String]) -> Vec<HostPriority> {
+        self.flush();
         let Ok(Some(demand)) = self.demand(pod) else {
             return names
                 .iter()
@@ -491,19 +487,13 @@ impl Cluster {
         };
         // A retried bind: give back what an earlier attempt held.
         self.forget_pod(&uid);
-        match self.nodes.get(node) {
-            None => {
-                return Err(ReserveError::Node(format!(
-                    "node {node} is not known to gpushare"
-                )));
-            }
-            Some(Err(e)) => return Err(ReserveError::Node(e.clone())),
-            Some(Ok(_)) => {}
-        }
-        let id = self
-            .engine
-            .node_id(node)
-            .expect("engine has every good node");
+        self.flush();
+        let Some(id) = self.engine.node_id(node) else {
+            return Err(ReserveError::Node(match self.nodes.get(node) {
+                Some(Err(e)) => e.clone(),
+                _ => format!("node {node} is not known to gpushare"),
+            }));
+        };
         let choice = self
             .engine
             .evaluate(id, &demand.request)
@@ -783,6 +773,18 @@ mod tests {
         assert_eq!(pr.len(), 2);
         assert!(pr.iter().all(|h| (0..=MAX_SCORE).contains(&h.score)));
         assert!(pr.iter().any(|h| h.score == MAX_SCORE));
+        // A node listed after a watch restart (deferred) is usable at once: decisions flush.
+        c.set_node_deferred(&node("c", 1, "core_mem", "binpack"));
+        let r = c.filter(&pod("q", "2", Some("10")), &names(&["c"]));
+        assert_eq!(r.node_names.as_deref(), Some(&names(&["c"])[..]), "{r:?}");
+        c.set_node_deferred(&node("d", 1, "core_mem", "binpack"));
+        assert_eq!(
+            c.reserve(&pod("r", "2", Some("10")), "d", "t".into())
+                .unwrap()
+                .allocation
+                .gpus,
+            [0]
+        );
         // Relabelling to cgpu: the node no longer takes core pods.
         c.set_node(&node("a", 2, "cgpu", "binpack"));
         let r = c.filter(&pod("q", "2", Some("10")), &names(&["a"]));
