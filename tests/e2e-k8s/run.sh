@@ -43,10 +43,31 @@ kc() { k8s_kubectl "$@"; }
 # rename so a reader never sees a half-written file).
 BURN='cd /var/run/gpushare; i=0; while :; do awk "BEGIN{for(j=0;j<20000;j++);}"; i=$((i+1)); echo $i >p.tmp; mv p.tmp progress; done'
 
-# pod_yaml NAME MEM CORE CMD [ANNOTATIONS_YAML]: a Pod asking for MEM GiB and CORE % ("" to
-# leave the core out).
+# pod_spec MEM CORE CMD: the spec of a busybox pod asking for MEM GiB and CORE % ("" to leave
+# the core out), unindented.
+pod_spec() {
+    local mem=$1 core=$2 cmd=$3
+    cat <<EOF
+terminationGracePeriodSeconds: 1
+automountServiceAccountToken: false
+restartPolicy: Never
+containers:
+- name: main
+  image: $E2E_BUSYBOX_IMAGE
+  imagePullPolicy: Never
+  command: ["sh", "-c", '$cmd']
+  resources:
+    limits:
+      aliyun.com/gpu-mem: "$mem"
+${core:+      aliyun.com/gpu-core.percentage: \"$core\"}
+EOF
+}
+
+indent() { sed "s/^/$(printf '%*s' "$1" '')/"; } # N: indent stdin by N spaces
+
+# pod_yaml NAME MEM CORE CMD [ANNOTATIONS_YAML]: a Pod (see pod_spec).
 pod_yaml() {
-    local name=$1 mem=$2 core=$3 cmd=$4 ann=${5:-}
+    local name=$1 ann=${5:-}
     cat <<EOF
 apiVersion: v1
 kind: Pod
@@ -55,22 +76,11 @@ metadata:
   labels: {app: gpushare-e2e}
 ${ann:+  annotations: $ann}
 spec:
-  terminationGracePeriodSeconds: 1
-  automountServiceAccountToken: false
-  restartPolicy: Never
-  containers:
-  - name: main
-    image: $E2E_BUSYBOX_IMAGE
-    imagePullPolicy: Never
-    command: ["sh", "-c", '$cmd']
-    resources:
-      limits:
-        aliyun.com/gpu-mem: "$mem"
-${core:+        aliyun.com/gpu-core.percentage: \"$core\"}
 EOF
+    pod_spec "$2" "$3" "$4" | indent 2
 }
 
-job_yaml() { # NAME MEM CORE CMD
+job_yaml() { # NAME MEM CORE CMD: a Job of one such pod
     cat <<EOF
 apiVersion: batch/v1
 kind: Job
@@ -82,19 +92,8 @@ spec:
     metadata:
       labels: {app: gpushare-e2e}
     spec:
-      terminationGracePeriodSeconds: 1
-      automountServiceAccountToken: false
-      restartPolicy: Never
-      containers:
-      - name: main
-        image: $E2E_BUSYBOX_IMAGE
-        imagePullPolicy: Never
-        command: ["sh", "-c", '$4']
-        resources:
-          limits:
-            aliyun.com/gpu-mem: "$2"
-            aliyun.com/gpu-core.percentage: "$3"
 EOF
+    pod_spec "$2" "$3" "$4" | indent 6
 }
 
 wait_for() { # TIMEOUT DESC CMD...: poll CMD every 0.5 s
