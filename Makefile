@@ -20,7 +20,7 @@ demo: deps build
 	bash tests/e2e/demo.sh
 
 unit:
-	$(CARGO) test --locked
+	$(CARGO) test --workspace --locked
 
 # The e2e suite needs root (containerd, runc, mknod). In CI (CI=true) it always runs and
 # fails if it cannot; elsewhere a non-root run skips it and says why.
@@ -44,7 +44,7 @@ test: unit e2e e2e-k8s
 
 lint:
 	$(CARGO) fmt --check
-	$(CARGO) clippy --all-targets --locked -- -D warnings
+	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
 
 bench: build
 	$(CARGO) bench --bench create_container

@@ -15,11 +15,11 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use gpushare::request::node::{NODE_GPUS_ANNOTATION, NodeGpu, NodeGpus};
-use gpushare::request::{ASSIGNMENT_ANNOTATION, ResourceNames};
 use gpushare::scheduler::cache::Cluster;
 use gpushare::scheduler::server::{Binder, Extender, router};
 use gpushare::scheduler::wire::{ExtenderArgs, ExtenderBindingArgs};
+use gpushare_core::request::node::{NODE_GPUS_ANNOTATION, NodeGpu, NodeGpus};
+use gpushare_core::request::{ASSIGNMENT_ANNOTATION, ResourceNames};
 use k8s_openapi::api::core::v1::{Container, Node, Pod, PodSpec, ResourceRequirements};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -247,7 +247,7 @@ async fn main() {
         let bound = api.bound.lock().unwrap();
         let mut per_gpu: HashMap<(String, u32), (u64, i64)> = HashMap::new();
         for (pod, node) in bound.iter() {
-            let a = gpushare::request::Assignment::parse(&assignments[pod]).unwrap();
+            let a = gpushare_core::request::Assignment::parse(&assignments[pod]).unwrap();
             for share in a.containers.values().flatten() {
                 let e = per_gpu.entry((node.clone(), share.gpu_index)).or_default();
                 e.0 += share.memory_mib;

@@ -87,10 +87,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use gpushare::registry::{ContainerRecord, ContainerState, Registry};
-use gpushare::request::GpuGrant;
-use gpushare::throttle::control::Policy;
 use gpushare::throttle::controller::{self, MemoryAction, ThrottleConfig};
 use gpushare::throttle::source::SimSource;
+use gpushare_core::control::Policy;
+use gpushare_core::request::GpuGrant;
 
 const ROOT: &str = "/sys/fs/cgroup";
 const HIERARCHIES: [&str; 3] = ["freezer", "cpuacct", "cpuset"];

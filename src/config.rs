@@ -6,9 +6,9 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::deviceplugin::DevicePluginConfig;
-use crate::gpu::sim::SimConfig;
-use crate::request::ResourceNames;
 use crate::throttle::controller::ThrottleConfig;
+use gpushare_core::inventory::SimConfig;
+use gpushare_core::request::ResourceNames;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]

@@ -1,6 +1,5 @@
 //! gpushare: shared-GPU scheduling for Kubernetes. See README.md and DESIGN notes there.
 
-pub mod adjust;
 pub mod config;
 pub mod deviceplugin;
 pub mod gpu;
@@ -9,9 +8,7 @@ pub mod kubeclient;
 pub mod logging;
 pub mod node;
 pub mod nri;
-pub mod placement;
 pub mod registry;
-pub mod request;
 pub mod scheduler;
 pub mod simulate;
 pub mod status;

@@ -4,6 +4,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::Context as _;
+use clap::builder::TypedValueParser as _;
 use clap::{Args, Parser, Subcommand};
 
 use gpushare::config::{GpuBackend, LogFormat, NodeConfig};
@@ -70,8 +71,9 @@ struct NodeArgs {
     #[arg(long, alias = "metrics-addr")]
     status_listen: Option<String>,
     /// Compute-quota policy: hard or burst.
-    #[arg(long, value_enum)]
-    throttle_policy: Option<gpushare::throttle::control::Policy>,
+    #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(gpushare_core::control::Policy::NAMES)
+        .map(|s| s.parse::<gpushare_core::control::Policy>().expect("a listed name")))]
+    throttle_policy: Option<gpushare_core::control::Policy>,
     /// Control period in milliseconds.
     #[arg(long)]
     throttle_period_ms: Option<u64>,
@@ -189,15 +191,14 @@ fn main() -> anyhow::Result<()> {
         Command::Capacity(args) => {
             let cfg = args.config()?;
             let inv = match cfg.gpu_backend {
-                GpuBackend::Sim => gpushare::gpu::Inventory::new(gpushare::gpu::sim::inventory(
-                    &cfg.sim,
-                    &cfg.node_name(),
-                )),
+                GpuBackend::Sim => gpushare_core::inventory::Inventory::new(
+                    gpushare_core::inventory::sim_inventory(&cfg.sim, &cfg.node_name()),
+                ),
                 GpuBackend::Nvml => {
                     anyhow::bail!("capacity: gpu_backend nvml is not part of this build yet")
                 }
             };
-            for (name, value) in gpushare::gpu::capacity(&inv, &cfg.resources) {
+            for (name, value) in gpushare_core::inventory::capacity(&inv, &cfg.resources) {
                 println!("{name}: \"{value}\"");
             }
             Ok(())

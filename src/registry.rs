@@ -7,7 +7,7 @@ use std::sync::RwLock;
 
 use serde::Serialize;
 
-use crate::request::GpuGrant;
+use gpushare_core::request::GpuGrant;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]

@@ -21,9 +21,9 @@ use gpushare::deviceplugin::{
     Agent, CoreMode, DevicePluginConfig, DevicePlugins, KUBELET_SOCKET, KubeAccess, ResourceKind,
     Settings,
 };
-use gpushare::gpu::{Inventory, sim};
-use gpushare::request::ResourceNames;
-use gpushare::request::node::{NODE_GPUS_ANNOTATION, NodeGpus};
+use gpushare_core::inventory::{Inventory, SimConfig, sim_inventory};
+use gpushare_core::request::ResourceNames;
+use gpushare_core::request::node::{NODE_GPUS_ANNOTATION, NodeGpus};
 use tokio::net::UnixListener;
 use tokio::sync::{Notify, mpsc, oneshot};
 use tokio::task::JoinHandle;
@@ -38,7 +38,7 @@ const WAIT: Duration = Duration::from_secs(10);
 
 fn inventory() -> Inventory {
     // 4 GPUs × 15 GiB.
-    Inventory::new(sim::inventory(&sim::SimConfig::default(), "n1"))
+    Inventory::new(sim_inventory(&SimConfig::default(), "n1"))
 }
 
 fn socket(dir: &Path, kind: ResourceKind) -> PathBuf {

@@ -2,7 +2,7 @@
 //! renderings checked exactly.
 
 use gpushare::inspect::{ClusterView, GpuSource, InspectError, build, render};
-use gpushare::request::limits::{MemoryUnit, ResourceNames};
+use gpushare_core::request::limits::{MemoryUnit, ResourceNames};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use serde_json::{Value, json};
 

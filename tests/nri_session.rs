@@ -13,7 +13,7 @@ use gpushare::nri::api::nri_api::*;
 use gpushare::nri::api::nri_api_ttrpc::{PluginClient, Runtime, create_runtime};
 use gpushare::nri::mux::{Mux, PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN};
 use gpushare::nri::plugin::{Registration, serve_connection};
-use gpushare::request::ASSIGNMENT_ANNOTATION;
+use gpushare_core::request::ASSIGNMENT_ANNOTATION;
 use tokio::net::UnixStream;
 use tokio::sync::mpsc;
 use ttrpc::r#async::transport::{Listener, Socket};

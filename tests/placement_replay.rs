@@ -4,9 +4,9 @@
 
 use std::path::PathBuf;
 
-use gpushare::placement::{GpuDemand, NodeSpec, ScheduleMode};
 use gpushare::simulate::trace::{TRACE_GPU_MEMORY_MIB, TracePod};
 use gpushare::simulate::{Trace, TraceReport, load_trace, replay, run_trace};
+use gpushare_core::placement::{GpuDemand, NodeSpec, ScheduleMode};
 
 /// 24 nodes of three kinds and an openb-like pod mix (whole GPUs, shares, CPU-only).
 fn synthetic() -> Trace {

@@ -9,10 +9,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use gpushare::registry::{ContainerRecord, ContainerState, Registry};
-use gpushare::request::GpuGrant;
-use gpushare::throttle::control::Policy;
 use gpushare::throttle::controller::{self, MemoryAction, ThrottleConfig};
 use gpushare::throttle::source::{SIM_MEMORY_FILE, SimSource};
+use gpushare_core::control::Policy;
+use gpushare_core::request::GpuGrant;
 
 /// The cases share the host's CPUs; run them one at a time.
 static SERIAL: Mutex<()> = Mutex::new(());

@@ -36,8 +36,8 @@ pub use nodesync::KubeAccess;
 pub use plugins::DevicePlugins;
 pub use resource::{ResourceKind, ResourceSpec, Unhealthy};
 
-use crate::gpu::Inventory;
-use crate::request::ResourceNames;
+use gpushare_core::inventory::Inventory;
+use gpushare_core::request::ResourceNames;
 
 /// More devices than this in one list risk kubelet's 4 MiB message limit.
 const LARGE_DEVICE_LIST: usize = 100_000;

@@ -19,9 +19,9 @@ use tokio::sync::watch;
 
 use super::endpoint::Backoff;
 use super::resource::Unhealthy;
-use crate::gpu::Inventory;
-use crate::placement::model::{SCHEDULE_LABEL, ScheduleMode};
-use crate::request::node::{NODE_GPUS_ANNOTATION, NodeGpus};
+use gpushare_core::inventory::Inventory;
+use gpushare_core::placement::model::{SCHEDULE_LABEL, ScheduleMode};
+use gpushare_core::request::node::{NODE_GPUS_ANNOTATION, NodeGpus};
 
 /// Field manager named in our patches.
 pub const FIELD_MANAGER: &str = "gpushare-node";
@@ -51,7 +51,7 @@ pub struct NodeSync {
 /// (the caller logs it and treats the node as not `core_mem`).
 pub fn core_from_labels(
     labels: &BTreeMap<String, String>,
-) -> Result<bool, crate::placement::model::LabelError> {
+) -> Result<bool, gpushare_core::placement::model::LabelError> {
     match labels.get(SCHEDULE_LABEL) {
         None => Ok(false),
         Some(v) => Ok(ScheduleMode::parse(v)?.shares_with_core()),
@@ -200,7 +200,7 @@ fn follow_labels(sync: &NodeSync, node: &Node) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gpu::sim;
+    use gpushare_core::inventory::{SimConfig, sim_inventory};
 
     #[test]
     fn only_core_mem_asks_for_the_core_resource() {
@@ -216,7 +216,7 @@ mod tests {
 
     #[test]
     fn annotation_compares_as_data_and_patch_sets_it() {
-        let inv = Inventory::new(sim::inventory(&sim::SimConfig::default(), "n1"));
+        let inv = Inventory::new(sim_inventory(&SimConfig::default(), "n1"));
         let desired = NodeGpus::from_inventory(&inv, &[]);
         let raw = desired.to_json();
         assert!(annotation_is_current(Some(&raw), &desired));

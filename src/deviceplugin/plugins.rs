@@ -8,8 +8,8 @@ use tokio::task::JoinHandle;
 
 use super::endpoint::{self, Settings};
 use super::resource::{ResourceKind, ResourceSpec, Unhealthy};
-use crate::gpu::Inventory;
-use crate::request::ResourceNames;
+use gpushare_core::inventory::Inventory;
+use gpushare_core::request::ResourceNames;
 
 struct Running {
     stop: watch::Sender<bool>,

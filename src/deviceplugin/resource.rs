@@ -8,9 +8,9 @@
 use std::collections::{BTreeSet, HashSet};
 
 use super::api;
-use crate::gpu::Inventory;
-use crate::request::ResourceNames;
-use crate::request::limits::{
+use gpushare_core::inventory::Inventory;
+use gpushare_core::request::ResourceNames;
+use gpushare_core::request::limits::{
     GRANTED_CORE_ANNOTATION, GRANTED_COUNT_ANNOTATION, GRANTED_MEM_ANNOTATION,
 };
 
@@ -206,11 +206,11 @@ impl ResourceSpec {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gpu::sim;
-    use crate::request::MemoryUnit;
+    use gpushare_core::inventory::{SimConfig, sim_inventory};
+    use gpushare_core::request::MemoryUnit;
 
     fn four_by_15gib() -> Inventory {
-        Inventory::new(sim::inventory(&sim::SimConfig::default(), "n"))
+        Inventory::new(sim_inventory(&SimConfig::default(), "n"))
     }
 
     #[test]

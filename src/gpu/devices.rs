@@ -1,32 +1,11 @@
 //! Discovery of NVIDIA device nodes under an injectable dev root (`/dev` in production, the
 //! agent's own directory for simulated GPUs), and of the `nvidia-uvm` major in `/proc/devices`.
 
-use std::collections::BTreeMap;
 use std::os::unix::fs::FileTypeExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
-use serde::Serialize;
-
-/// A character device node to expose in a container at `path`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct DeviceNode {
-    /// Path inside the container (always under `/dev`).
-    pub path: String,
-    pub major: i64,
-    pub minor: i64,
-    pub file_mode: u32,
-}
-
-/// The NVIDIA device nodes of this node.
-#[derive(Debug, Clone, Default, Serialize)]
-pub struct DeviceSet {
-    /// `/dev/nvidia<minor>` by minor number.
-    pub gpus: BTreeMap<u32, DeviceNode>,
-    pub ctl: Option<DeviceNode>,
-    pub uvm: Option<DeviceNode>,
-    pub uvm_tools: Option<DeviceNode>,
-}
+use gpushare_core::inventory::{DeviceNode, DeviceSet};
 
 #[derive(Debug, thiserror::Error)]
 pub enum DeviceError {

@@ -8,10 +8,10 @@ use std::path::{Path, PathBuf};
 use nvml_wrapper::Nvml;
 use nvml_wrapper::enums::device::UsedGpuMemory;
 
-use super::GpuInfo;
 use crate::throttle::cgroup::{CgroupFs, CgroupVersion};
 use crate::throttle::pidmap::PidMap;
 use crate::throttle::source::{Sample, SampleSource, Tracked};
+use gpushare_core::inventory::GpuInfo;
 
 /// Opens NVML from `library` (a file name searched by the dynamic loader, or a path).
 pub fn open(library: &Path) -> anyhow::Result<Nvml> {

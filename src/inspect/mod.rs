@@ -20,9 +20,9 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, ListParams};
 use serde::Serialize;
 
-use crate::request::limits::{MemoryUnit, ResourceNames};
-use crate::request::node::{NODE_GPUS_ANNOTATION, NodeGpus};
-use crate::request::{ASSIGNMENT_ANNOTATION, Assignment};
+use gpushare_core::request::limits::{MemoryUnit, ResourceNames};
+use gpushare_core::request::node::{NODE_GPUS_ANNOTATION, NodeGpus};
+use gpushare_core::request::{ASSIGNMENT_ANNOTATION, Assignment};
 
 /// Node label: how GPUs of the node are shared (`core_mem`, `cgpu`, `share`, `default`).
 pub const SCHEDULE_LABEL: &str = "ack.node.gpu.schedule";

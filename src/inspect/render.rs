@@ -5,7 +5,7 @@
 //! whole unit.
 
 use super::{ClusterView, NodeView};
-use crate::request::limits::MemoryUnit;
+use gpushare_core::request::limits::MemoryUnit;
 
 fn unit_name(unit: MemoryUnit) -> &'static str {
     match unit {

@@ -8,10 +8,9 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use crate::adjust::{self, AdjustOptions};
 use crate::config::{Enforcement, GpuBackend, NodeConfig};
-use crate::gpu::devices::{self, DeviceSet};
-use crate::gpu::{Inventory, sim};
+use crate::gpu::devices;
+use crate::gpu::sim;
 use crate::nri::api::nri_api::{
     ConfigureRequest, Container, ContainerAdjustment, ContainerState as NriState, Event,
     PodSandbox, SynchronizeRequest,
@@ -19,8 +18,11 @@ use crate::nri::api::nri_api::{
 use crate::nri::convert;
 use crate::nri::service::{Handler, HandlerError, event_mask};
 use crate::registry::{ContainerRecord, ContainerState, Registry};
-use crate::request::{self, ContainerRequest, RequestPolicy};
 use crate::throttle::controller::{ControllerLink, ThrottleStats};
+use gpushare_core::adjust::{self, AdjustOptions};
+use gpushare_core::inventory::DeviceSet;
+use gpushare_core::inventory::{Inventory, SimConfig, sim_inventory};
+use gpushare_core::request::{self, ContainerRequest, RequestPolicy};
 
 /// Everything the handler derives from the configuration and the hardware.
 #[derive(Debug, Serialize)]
@@ -58,13 +60,13 @@ impl NodeState {
     /// instead of discovered (no device nodes are created): the decision path without IO, for
     /// tests and benchmarks.
     pub fn in_memory(node_name: &str) -> NodeState {
-        let node = |path: String, major: u64, minor: u64| crate::gpu::devices::DeviceNode {
+        let node = |path: String, major: u64, minor: u64| gpushare_core::inventory::DeviceNode {
             path,
             major: major as i64,
             minor: minor as i64,
             file_mode: 0o666,
         };
-        let gpus = sim::inventory(&sim::SimConfig::default(), node_name);
+        let gpus = sim_inventory(&SimConfig::default(), node_name);
         let devices = DeviceSet {
             gpus: gpus
                 .iter()
@@ -88,7 +90,7 @@ impl NodeState {
             policy: RequestPolicy::default(),
             adjust: AdjustOptions {
                 cdi: false,
-                memory_unit: crate::request::MemoryUnit::GiB,
+                memory_unit: gpushare_core::request::MemoryUnit::GiB,
             },
             sim: None,
             mps_pipe_root: None,
@@ -102,7 +104,7 @@ impl NodeState {
         let dev_root = cfg.dev_root();
         let inventory = match cfg.gpu_backend {
             GpuBackend::Sim => {
-                let gpus = sim::inventory(&cfg.sim, &node_name);
+                let gpus = sim_inventory(&cfg.sim, &node_name);
                 let minors: Vec<u32> = gpus.iter().map(|g| g.minor).collect();
                 sim::create_device_nodes(&dev_root, &minors).map_err(|e| {
                     anyhow::anyhow!(

@@ -4,7 +4,7 @@ use super::api::nri_api::{
     CDIDevice, ContainerAdjustment, KeyValue, LinuxCPU, LinuxContainerAdjustment, LinuxDevice,
     LinuxResources, Mount, OptionalFileMode,
 };
-use crate::adjust::Adjustment;
+use gpushare_core::adjust::Adjustment;
 
 /// The protocol form of an [`Adjustment`].
 pub fn adjustment(adj: &Adjustment) -> ContainerAdjustment {

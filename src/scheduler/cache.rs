@@ -14,12 +14,12 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 
 use super::podreq::{PodDemand, demand_of_assignment, pod_demand, pod_key};
 use super::wire::{ExtenderFilterResult, HostPriority, MAX_SCORE};
-use crate::placement::{
+use gpushare_core::placement::{
     Engine, GpuDemand, GpuSet, GpuSpec, NodeSpec, Placement, Reject, Request, Why, by_name,
 };
-use crate::placement::{Workload, model::ScheduleMode};
-use crate::request::node::{NODE_GPUS_ANNOTATION, NodeGpus};
-use crate::request::{ASSIGNMENT_ANNOTATION, Assignment, ResourceNames};
+use gpushare_core::placement::{Workload, model::ScheduleMode};
+use gpushare_core::request::node::{NODE_GPUS_ANNOTATION, NodeGpus};
+use gpushare_core::request::{ASSIGNMENT_ANNOTATION, Assignment, ResourceNames};
 
 /// One GPU's allocation: (memory allocated MiB, memory MiB, core allocated per-mille, pods).
 pub type GpuUsage = (u64, u64, u32, u32);
@@ -577,7 +577,7 @@ mod tests {
         let inv = NodeGpus {
             version: 1,
             gpus: (0..gpus)
-                .map(|i| crate::request::node::NodeGpu {
+                .map(|i| gpushare_core::request::node::NodeGpu {
                     index: i,
                     uuid: format!("GPU-{name}-{i}"),
                     model: "sim".into(),

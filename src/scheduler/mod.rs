@@ -22,8 +22,8 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use clap::Args;
 
-use crate::placement::{POLICIES, UnknownPolicy};
-use crate::request::ResourceNames;
+use gpushare_core::placement::{POLICIES, UnknownPolicy};
+use gpushare_core::request::ResourceNames;
 
 #[derive(Args, Debug, Clone)]
 pub struct SchedulerArgs {
@@ -57,8 +57,8 @@ pub fn main(args: &SchedulerArgs) -> anyhow::Result<()> {
     }
     let names = ResourceNames {
         memory_unit: match args.memory_unit.as_str() {
-            "GiB" => crate::request::MemoryUnit::GiB,
-            "MiB" => crate::request::MemoryUnit::MiB,
+            "GiB" => gpushare_core::request::MemoryUnit::GiB,
+            "MiB" => gpushare_core::request::MemoryUnit::MiB,
             other => anyhow::bail!("--memory-unit {other:?} is not GiB or MiB"),
         },
         ..Default::default()

@@ -4,9 +4,11 @@
 
 use k8s_openapi::api::core::v1::{Container, Pod};
 
-use crate::placement::{GpuDemand, InvalidRequest, Request};
-use crate::request::limits::parse_limits;
-use crate::request::{ASSIGNMENT_VERSION, Assignment, GpuShare, RequestError, ResourceNames};
+use gpushare_core::placement::{GpuDemand, InvalidRequest, Request};
+use gpushare_core::request::limits::parse_limits;
+use gpushare_core::request::{
+    ASSIGNMENT_VERSION, Assignment, GpuShare, RequestError, ResourceNames,
+};
 
 /// One GPU container's share (per GPU it gets).
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -20,8 +20,8 @@ use super::podreq::pod_key;
 use super::wire::{
     ExtenderArgs, ExtenderBindingArgs, ExtenderBindingResult, ExtenderFilterResult, HostPriority,
 };
-use crate::request::ASSIGNMENT_ANNOTATION;
-use crate::request::node::{
+use gpushare_core::request::ASSIGNMENT_ANNOTATION;
+use gpushare_core::request::node::{
     ACK_GPU_MEM_ASSIGNED, ACK_GPU_MEM_ASSUME_TIME, ACK_GPU_MEM_DEV, ACK_GPU_MEM_IDX,
     ACK_GPU_MEM_POD,
 };

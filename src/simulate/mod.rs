@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use anyhow::Context as _;
 use clap::Args;
 
-use crate::placement::{POLICIES, UnknownPolicy};
+use gpushare_core::placement::{POLICIES, UnknownPolicy};
 pub use replay::{Run, Trace, replay};
 pub use report::{PolicyResult, TraceReport};
 

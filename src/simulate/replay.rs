@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use super::rng::Rng;
 use super::trace::TracePod;
-use crate::placement::{Engine, NodeSpec, Request, UnknownPolicy, Workload, by_name};
+use gpushare_core::placement::{Engine, NodeSpec, Request, UnknownPolicy, Workload, by_name};
 
 /// A trace ready to replay.
 #[derive(Debug, Clone)]

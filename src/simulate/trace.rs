@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::placement::{GpuDemand, NodeSpec, Request, ScheduleMode};
+use gpushare_core::placement::{GpuDemand, NodeSpec, Request, ScheduleMode};
 
 /// Memory of one trace GPU: the trace gives no GPU memory, and `gpu_milli` stands for the same
 /// fraction of memory and of compute, so 16 MiB per milli keeps both exact.

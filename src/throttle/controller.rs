@@ -16,9 +16,9 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 use super::cgroup::{CgroupFs, ContainerCgroup};
-use super::control::{GpuLoop, Member, Params, Plan, Policy};
 use super::source::{SampleSource, Tracked};
 use crate::registry::{ContainerState, Registry};
+use gpushare_core::control::{GpuLoop, Member, Params, Plan, Policy};
 
 /// What to do when a container holds more GPU memory than its quota.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]

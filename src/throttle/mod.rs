@@ -3,13 +3,12 @@
 //!
 //! - [`cgroup`]: freeze/thaw and CPU accounting on cgroup v1 and v2 (injectable root);
 //! - [`pidmap`]: host PID → container through `/proc/PID/cgroup`;
-//! - [`control`]: the per-GPU control law (pure);
+//! - the per-GPU control law itself is pure and lives in `gpushare_core::control`;
 //! - [`source`]: sample sources (sim; NVML);
 //! - [`controller`]: the thread that samples, plans and freezes/thaws;
 //! - [`guardian`]: thaws everything when the agent dies, SIGKILL included.
 
 pub mod cgroup;
-pub mod control;
 pub mod controller;
 pub mod guardian;
 pub mod pidmap;

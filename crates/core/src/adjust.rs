@@ -3,7 +3,7 @@
 
 use serde::Serialize;
 
-use crate::gpu::devices::{DeviceNode, DeviceSet};
+use crate::inventory::{DeviceNode, DeviceSet};
 use crate::request::{ContainerRequest, MemoryUnit};
 
 /// What to change in a container.

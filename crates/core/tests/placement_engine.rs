@@ -3,11 +3,11 @@
 
 use std::collections::HashMap;
 
-use gpushare::placement::{
+use gpushare_core::placement::{
     Engine, GpuDemand, GpuPlacement, GpuSet, NodeSpec, POLICIES, Request, ScheduleMode, Workload,
     by_name,
 };
-use gpushare::request::{GpuQuantities, ResourceNames};
+use gpushare_core::request::{GpuQuantities, ResourceNames};
 
 fn node(name: &str, gpus: usize, mode: ScheduleMode) -> NodeSpec {
     NodeSpec::uniform(name, 32_000, 128 << 10, gpus, 16_000, "T4", mode)
@@ -187,14 +187,14 @@ fn binpack_and_spread_choose_by_free_capacity() {
         // a: GPU 1 has 900 left; b: GPU 2 has 400 left.
         e.commit(
             &share("x", 1600, Some(100)),
-            gpushare::placement::Placement {
+            gpushare_core::placement::Placement {
                 node: 0,
                 gpus: GpuSet::single(1),
             },
         );
         e.commit(
             &share("y", 9600, Some(600)),
-            gpushare::placement::Placement {
+            gpushare_core::placement::Placement {
                 node: 1,
                 gpus: GpuSet::single(2),
             },
@@ -346,7 +346,7 @@ fn gpushare_keeps_idle_nodes_idle_when_it_can() {
         let mut e = Engine::new(nodes.clone(), by_name(policy, &w).unwrap());
         e.commit(
             &one,
-            gpushare::placement::Placement {
+            gpushare_core::placement::Placement {
                 node: 1,
                 gpus: GpuSet::single(0),
             },

@@ -19,7 +19,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use serde::{Deserialize, Serialize};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "lowercase")]
 pub enum Policy {
     /// The cap holds even when the container is alone on the GPU.
@@ -28,6 +28,40 @@ pub enum Policy {
     /// Work-conserving: idle capacity may be used; under contention every container falls
     /// back to its quota.
     Burst,
+}
+
+impl Policy {
+    pub const NAMES: [&'static str; 2] = ["hard", "burst"];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Policy::Hard => "hard",
+            Policy::Burst => "burst",
+        }
+    }
+}
+
+impl std::fmt::Display for Policy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A compute-quota policy name that is neither `hard` nor `burst`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("throttle policy {0:?} is not one of hard, burst")]
+pub struct UnknownPolicy(pub String);
+
+impl std::str::FromStr for Policy {
+    type Err = UnknownPolicy;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "hard" => Ok(Policy::Hard),
+            "burst" => Ok(Policy::Burst),
+            _ => Err(UnknownPolicy(s.to_string())),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -15,7 +15,7 @@ use serde::Serialize;
 pub use assignment::{ASSIGNMENT_ANNOTATION, ASSIGNMENT_VERSION, Assignment, GpuShare};
 pub use limits::{GpuQuantities, MemoryUnit, ResourceNames, validate_core_percent};
 
-use crate::gpu::Inventory;
+use crate::inventory::Inventory;
 
 /// Why a request is refused. Messages reach `crictl create` / kubelet events verbatim.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -299,7 +299,7 @@ fn cross_check(
 mod tests {
     use super::limits::{GRANTED_CORE_ANNOTATION, GRANTED_MEM_ANNOTATION};
     use super::*;
-    use crate::gpu::sim::{SimConfig, inventory};
+    use crate::inventory::{SimConfig, sim_inventory as inventory};
     use proptest::prelude::*;
 
     fn inv() -> Inventory {

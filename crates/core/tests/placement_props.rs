@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 
-use gpushare::placement::{
+use gpushare_core::placement::{
     Engine, GpuDemand, GpuSpec, NodeSpec, POLICIES, Placement, Request, ScheduleMode, Workload,
     by_name,
 };
@@ -43,9 +43,9 @@ fn node_strategy() -> impl Strategy<Value = NodeSpec> {
                 mode: MODES[mode],
                 placement: placement.map(|b| {
                     if b {
-                        gpushare::placement::GpuPlacement::Binpack
+                        gpushare_core::placement::GpuPlacement::Binpack
                     } else {
-                        gpushare::placement::GpuPlacement::Spread
+                        gpushare_core::placement::GpuPlacement::Spread
                     }
                 }),
             },

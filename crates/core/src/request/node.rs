@@ -13,7 +13,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::gpu::Inventory;
+use crate::inventory::Inventory;
 
 /// Node annotation carrying the GPU inventory.
 pub const NODE_GPUS_ANNOTATION: &str = "gpushare.io/gpus";
@@ -107,7 +107,7 @@ impl NodeGpus {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gpu::GpuInfo;
+    use crate::inventory::GpuInfo;
 
     #[test]
     fn round_trip_and_errors() {

@@ -1,0 +1,18 @@
+//! gpushare's contract and decisions, pure (serde and thiserror only; no IO, no async, no
+//! filesystem): what the node agent, the scheduler extender, `gpushare simulate` and the
+//! in-container limiter all agree on.
+//!
+//! - [`inventory`] — the GPUs of a node ([`inventory::GpuInfo`]), their device nodes as a
+//!   container sees them, the simulated inventory, the capacity the device plugin advertises;
+//! - [`request`] — the request contract (pod limits, the device plugin's grant, the
+//!   scheduler's `gpushare.io/assignment`, the node's `gpushare.io/gpus`), parsed and
+//!   validated in one place;
+//! - [`adjust`] — what a GPU container gets: device nodes, environment, mounts;
+//! - [`placement`] — which node and GPUs a pod gets (the scheduler and `simulate`);
+//! - [`control`] — the throttle control law (per-GPU run windows from quotas and samples).
+
+pub mod adjust;
+pub mod control;
+pub mod inventory;
+pub mod placement;
+pub mod request;
