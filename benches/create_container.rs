@@ -15,7 +15,7 @@
 //!   current-thread one, so the two sides behave like two processes.
 //!
 //! Every case is first run without a `tracing` subscriber, then again with the agent's own
-//! logging installed (`gpushare::logging::init`, info level, text, to a file), since the
+//! logging installed (`gpushare::cmd::logging::init`, info level, text, to a file), since the
 //! agent logs one line per admitted GPU container.
 
 use std::collections::HashMap;
@@ -23,20 +23,14 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use async_trait::async_trait;
 use gpushare::config::LogConfig;
 use gpushare::node::{Node, NodeState, SimNode};
 use gpushare::nri::api::nri_api::*;
-use gpushare::nri::api::nri_api_ttrpc::{PluginClient, Runtime, create_runtime};
-use gpushare::nri::mux::{Mux, PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN};
 use gpushare::nri::plugin::{Registration, serve_connection};
+use gpushare::nri::runtime_side::RuntimeSide;
 use gpushare::nri::service::Handler;
 use gpushare_core::request::ASSIGNMENT_ANNOTATION;
 use tokio::net::UnixStream;
-use tokio::sync::mpsc;
-use ttrpc::r#async::transport::{Listener, Socket};
-
-use futures::StreamExt as _;
 
 const DEFAULT_N: usize = 10_000;
 const WARMUP: usize = 1_000;
@@ -185,20 +179,6 @@ fn bench_handler(node: &Node, gpu: bool, n: usize, tag: &str) -> Vec<Duration> {
     samples
 }
 
-struct FakeRuntime(mpsc::UnboundedSender<RegisterPluginRequest>);
-
-#[async_trait]
-impl Runtime for FakeRuntime {
-    async fn register_plugin(
-        &self,
-        _ctx: &ttrpc::r#async::TtrpcContext,
-        req: RegisterPluginRequest,
-    ) -> ttrpc::Result<Empty> {
-        let _ = self.0.send(req);
-        Ok(Empty::default())
-    }
-}
-
 fn ctx() -> ttrpc::context::Context {
     ttrpc::context::with_timeout(Duration::from_secs(5).as_nanos() as i64)
 }
@@ -232,27 +212,16 @@ fn bench_round_trip(
         .unwrap();
     let rows = client_rt.block_on(async move {
         let stream = UnixStream::from_std(runtime_end).unwrap();
-        let mut mux = Mux::start(stream, &[PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN]);
-        let (tx, mut rx) = mpsc::unbounded_channel();
-        let rt_conn = mux.take(RUNTIME_SERVICE_CONN).unwrap();
-        let accepted = futures::stream::once(async move { Ok::<_, std::io::Error>(rt_conn) })
-            .chain(futures::stream::pending());
-        let mut server = ttrpc::r#async::Server::new()
-            .add_listener(Listener::new(accepted))
-            .register_service(create_runtime(Arc::new(FakeRuntime(tx))));
-        server.start().await.unwrap();
-        let plugin = PluginClient::new(ttrpc::r#async::Client::new(Socket::new(
-            mux.take(PLUGIN_SERVICE_CONN).unwrap(),
-        )));
-        tokio::time::timeout(Duration::from_secs(5), rx.recv())
+        let mut side = RuntimeSide::start(stream).await.unwrap();
+        tokio::time::timeout(Duration::from_secs(5), side.registrations.recv())
             .await
             .expect("plugin registers")
             .unwrap();
-        plugin
+        side.plugin
             .configure(ctx(), &ConfigureRequest::default())
             .await
             .unwrap();
-        plugin
+        side.plugin
             .synchronize(ctx(), &SynchronizeRequest::default())
             .await
             .unwrap();
@@ -268,12 +237,12 @@ fn bench_round_trip(
                     ..Default::default()
                 };
                 let t = Instant::now();
-                let resp = plugin.create_container(ctx(), &req).await;
+                let resp = side.plugin.create_container(ctx(), &req).await;
                 let elapsed = t.elapsed();
                 let resp = resp.expect("create admitted");
                 assert_eq!(resp.adjust.is_some(), gpu);
                 if gpu {
-                    plugin
+                    side.plugin
                         .remove_container(
                             ctx(),
                             &RemoveContainerRequest {
@@ -291,9 +260,7 @@ fn bench_round_trip(
             }
             rows.push(stats(case, samples));
         }
-        server.shutdown().await.unwrap();
-        drop(plugin);
-        drop(mux);
+        side.close().await.unwrap();
         rows
     });
     // Tasks of a current-thread runtime only run inside `block_on`: dropping it closes the
@@ -327,7 +294,7 @@ fn main() {
     for logging in [false, true] {
         let suffix = if logging { ", agent logging" } else { "" };
         if logging {
-            gpushare::logging::init(&LogConfig {
+            gpushare::cmd::logging::init(&LogConfig {
                 file: Some(log_dir.path().join("agent.log")),
                 ..Default::default()
             })

@@ -190,6 +190,11 @@ impl NodeConfig {
         Ok(())
     }
 
+    /// Where simulated containers' declaration directories live.
+    pub fn sim_dir(&self) -> PathBuf {
+        self.throttle.state_dir.join("sim")
+    }
+
     pub fn dev_root(&self) -> PathBuf {
         match (&self.dev_root, self.gpu_backend) {
             (Some(p), _) => p.clone(),

@@ -1,23 +1,45 @@
 //! One way to reach the API server for every subcommand: `--kubeconfig FILE`, else
 //! `$KUBECONFIG`, else the in-cluster service account, else `~/.kube/config`.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
-use anyhow::Context as _;
+/// Why no client could be built.
+#[derive(Debug, thiserror::Error)]
+pub enum KubeClientError {
+    #[error("cannot read kubeconfig {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: kube::config::KubeconfigError,
+    },
+    #[error("kubeconfig {path}: {source}")]
+    Config {
+        path: PathBuf,
+        source: kube::config::KubeconfigError,
+    },
+    #[error("no Kubernetes configuration (set --kubeconfig or KUBECONFIG): {0}")]
+    Infer(#[from] kube::config::InferConfigError),
+    #[error("cannot build the Kubernetes client: {0}")]
+    Client(#[from] kube::Error),
+}
 
 /// A client for `kubeconfig` (or the usual fallbacks when `None`).
-pub async fn client(kubeconfig: Option<&Path>) -> anyhow::Result<kube::Client> {
+pub async fn client(kubeconfig: Option<&Path>) -> Result<kube::Client, KubeClientError> {
     let config = match kubeconfig {
         Some(path) => {
-            let kc = kube::config::Kubeconfig::read_from(path)
-                .with_context(|| format!("cannot read kubeconfig {}", path.display()))?;
+            let kc = kube::config::Kubeconfig::read_from(path).map_err(|source| {
+                KubeClientError::Read {
+                    path: path.to_path_buf(),
+                    source,
+                }
+            })?;
             kube::Config::from_custom_kubeconfig(kc, &Default::default())
                 .await
-                .with_context(|| format!("kubeconfig {}", path.display()))?
+                .map_err(|source| KubeClientError::Config {
+                    path: path.to_path_buf(),
+                    source,
+                })?
         }
-        None => kube::Config::infer()
-            .await
-            .context("no Kubernetes configuration (set --kubeconfig or KUBECONFIG)")?,
+        None => kube::Config::infer().await?,
     };
-    kube::Client::try_from(config).context("cannot build the Kubernetes client")
+    Ok(kube::Client::try_from(config)?)
 }

@@ -1,11 +1,12 @@
 //! gpushare: shared-GPU scheduling for Kubernetes. See README.md and DESIGN notes there.
 
+pub mod backoff;
+pub mod cmd;
 pub mod config;
 pub mod deviceplugin;
 pub mod gpu;
 pub mod inspect;
 pub mod kubeclient;
-pub mod logging;
 pub mod node;
 pub mod nri;
 pub mod registry;

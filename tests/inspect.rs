@@ -479,11 +479,10 @@ fn problems_become_warnings_not_numbers() {
 
 #[test]
 fn unit_flag_parses() {
-    use gpushare::inspect::parse_unit;
-    assert_eq!(parse_unit("GiB"), Ok(MemoryUnit::GiB));
-    assert_eq!(parse_unit("mib"), Ok(MemoryUnit::MiB));
+    assert_eq!("GiB".parse::<MemoryUnit>(), Ok(MemoryUnit::GiB));
+    assert_eq!("mib".parse::<MemoryUnit>(), Ok(MemoryUnit::MiB));
     assert_eq!(
-        parse_unit("GB").unwrap_err(),
+        "GB".parse::<MemoryUnit>().unwrap_err().to_string(),
         "unit \"GB\" is not GiB or MiB"
     );
 }
@@ -491,7 +490,7 @@ fn unit_flag_parses() {
 #[test]
 fn command_line() {
     use clap::Parser;
-    use gpushare::inspect::InspectArgs;
+    use gpushare::cmd::inspect::InspectArgs;
     #[derive(Debug, Parser)]
     struct Cli {
         #[command(flatten)]

@@ -7,30 +7,12 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
 use gpushare::node::{Node, NodeState};
 use gpushare::nri::api::nri_api::*;
-use gpushare::nri::api::nri_api_ttrpc::{PluginClient, Runtime, create_runtime};
-use gpushare::nri::mux::{Mux, PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN};
 use gpushare::nri::plugin::{Registration, serve_connection};
+use gpushare::nri::runtime_side::RuntimeSide;
 use gpushare_core::request::ASSIGNMENT_ANNOTATION;
 use tokio::net::UnixStream;
-use tokio::sync::mpsc;
-use ttrpc::r#async::transport::{Listener, Socket};
-
-struct FakeRuntime(mpsc::UnboundedSender<RegisterPluginRequest>);
-
-#[async_trait]
-impl Runtime for FakeRuntime {
-    async fn register_plugin(
-        &self,
-        _ctx: &ttrpc::r#async::TtrpcContext,
-        req: RegisterPluginRequest,
-    ) -> ttrpc::Result<Empty> {
-        self.0.send(req).unwrap();
-        Ok(Empty::default())
-    }
-}
 
 fn pod(id: &str, assignment: Option<String>) -> PodSandbox {
     let mut annotations = HashMap::new();
@@ -94,20 +76,8 @@ async fn full_session_over_the_multiplexer() {
     };
 
     // The runtime side: serve Runtime on connection 2, call Plugin on connection 1.
-    let mut mux = Mux::start(runtime_end, &[PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN]);
-    let (tx, mut rx) = mpsc::unbounded_channel();
-    let rt_conn = mux.take(RUNTIME_SERVICE_CONN).unwrap();
-    let accepted = futures::stream::once(async move { Ok::<_, std::io::Error>(rt_conn) })
-        .chain(futures::stream::pending());
-    let mut server = ttrpc::r#async::Server::new()
-        .add_listener(Listener::new(accepted))
-        .register_service(create_runtime(Arc::new(FakeRuntime(tx))));
-    server.start().await.unwrap();
-    let plugin = PluginClient::new(ttrpc::r#async::Client::new(Socket::new(
-        mux.take(PLUGIN_SERVICE_CONN).unwrap(),
-    )));
-
-    let registered = tokio::time::timeout(Duration::from_secs(5), rx.recv())
+    let mut side = RuntimeSide::start(runtime_end).await.unwrap();
+    let registered = tokio::time::timeout(Duration::from_secs(5), side.registrations.recv())
         .await
         .unwrap()
         .unwrap();
@@ -119,7 +89,8 @@ async fn full_session_over_the_multiplexer() {
         ("gpushare", "10")
     );
 
-    let conf = plugin
+    let conf = side
+        .plugin
         .configure(ctx(), &ConfigureRequest::default())
         .await
         .unwrap();
@@ -140,7 +111,7 @@ async fn full_session_over_the_multiplexer() {
         more: true,
         ..Default::default()
     };
-    let r = plugin.synchronize(ctx(), &chunk1).await.unwrap();
+    let r = side.plugin.synchronize(ctx(), &chunk1).await.unwrap();
     assert!(r.more, "chunk answers echo more");
     assert!(
         node.registry.snapshot().is_empty(),
@@ -152,14 +123,15 @@ async fn full_session_over_the_multiplexer() {
         more: false,
         ..Default::default()
     };
-    let r = plugin.synchronize(ctx(), &chunk2).await.unwrap();
+    let r = side.plugin.synchronize(ctx(), &chunk2).await.unwrap();
     assert!(!r.more);
     let ids: Vec<String> = node.registry.snapshot().into_iter().map(|r| r.id).collect();
     assert_eq!(ids, ["c1", "c2"]);
 
     // A GPU container gets its GPU only.
     let p3 = pod("p3", Some(assignment(1, 3072, 40)));
-    let resp = plugin
+    let resp = side
+        .plugin
         .create_container(
             ctx(),
             &CreateContainerRequest {
@@ -197,7 +169,8 @@ async fn full_session_over_the_multiplexer() {
     assert_eq!(node.registry.committed(1, "").core_percent, 70);
 
     // Over-commit of GPU 1's compute (30 + 40 held, 40 more asked) is refused, by name.
-    let err = plugin
+    let err = side
+        .plugin
         .create_container(
             ctx(),
             &CreateContainerRequest {
@@ -215,7 +188,8 @@ async fn full_session_over_the_multiplexer() {
     );
 
     // A container without GPU requests is passed through untouched.
-    let resp = plugin
+    let resp = side
+        .plugin
         .create_container(
             ctx(),
             &CreateContainerRequest {
@@ -229,7 +203,7 @@ async fn full_session_over_the_multiplexer() {
     assert_eq!(resp.adjust.into_option(), None);
 
     // Removal through the StateChange form (NRI v0.8 runtimes) and the per-event RPC.
-    plugin
+    side.plugin
         .state_change(
             ctx(),
             &StateChangeEvent {
@@ -241,7 +215,7 @@ async fn full_session_over_the_multiplexer() {
         )
         .await
         .unwrap();
-    plugin
+    side.plugin
         .remove_container(
             ctx(),
             &RemoveContainerRequest {
@@ -256,9 +230,7 @@ async fn full_session_over_the_multiplexer() {
     assert_eq!(ids, ["c2"]);
 
     // The runtime goes away: the plugin's session ends with the reason.
-    server.shutdown().await.unwrap();
-    drop(plugin);
-    drop(mux);
+    side.close().await.unwrap();
     let reason = tokio::time::timeout(Duration::from_secs(10), plugin_task)
         .await
         .expect("session ends when the runtime closes")
@@ -266,5 +238,3 @@ async fn full_session_over_the_multiplexer() {
         .unwrap();
     assert!(!reason.is_empty());
 }
-
-use futures::StreamExt as _;

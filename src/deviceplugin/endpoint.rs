@@ -23,6 +23,7 @@ use super::api::device_plugin_server::DevicePluginServer;
 use super::api::registration_client::RegistrationClient;
 use super::resource::{ResourceSpec, Unhealthy};
 use super::server::{self, PluginService};
+use crate::backoff::Backoff;
 
 /// The kubelet's registration socket, in the device-plugin directory.
 pub const KUBELET_SOCKET: &str = "kubelet.sock";
@@ -188,34 +189,6 @@ fn bind(path: &Path) -> Result<UnixListener, EndpointError> {
     })
 }
 
-/// Doubling waits between `min` and `max`.
-#[derive(Debug, Clone)]
-pub(crate) struct Backoff {
-    min: Duration,
-    max: Duration,
-    next: Duration,
-}
-
-impl Backoff {
-    pub(crate) fn new(min: Duration, max: Duration) -> Backoff {
-        Backoff {
-            min,
-            max,
-            next: min,
-        }
-    }
-
-    pub(crate) fn next(&mut self) -> Duration {
-        let d = self.next;
-        self.next = (self.next * 2).min(self.max);
-        d
-    }
-
-    pub(crate) fn reset(&mut self) {
-        self.next = self.min;
-    }
-}
-
 /// Sleeps `d`; true when `stop` was raised meanwhile (or its sender is gone).
 async fn sleep_or_stop(d: Duration, stop: &mut watch::Receiver<bool>) -> bool {
     // wait_for also ends (with an error) when the sender is gone: that is a stop too.
@@ -264,7 +237,7 @@ async fn run_endpoint(
             Ok(l) => l,
             Err(e) => {
                 tracing::warn!(error = %e, "cannot serve the device plugin; retrying");
-                if sleep_or_stop(backoff.next(), &mut stop).await {
+                if sleep_or_stop(backoff.next_wait(), &mut stop).await {
                     break;
                 }
                 continue;
@@ -303,7 +276,7 @@ async fn run_endpoint(
                         }
                     }
                 }
-                if sleep_or_stop(backoff.next(), &mut stop).await {
+                if sleep_or_stop(backoff.next_wait(), &mut stop).await {
                     break 'generation End::Stop;
                 }
             };
@@ -378,15 +351,6 @@ async fn serve(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn backoff_doubles_to_the_cap_and_resets() {
-        let mut b = Backoff::new(Duration::from_millis(200), Duration::from_secs(1));
-        let waits: Vec<u128> = (0..5).map(|_| b.next().as_millis()).collect();
-        assert_eq!(waits, [200, 400, 800, 1000, 1000]);
-        b.reset();
-        assert_eq!(b.next(), Duration::from_millis(200));
-    }
 
     #[test]
     fn file_id_changes_when_a_file_is_recreated() {

@@ -17,8 +17,8 @@ use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::WatchStreamExt as _;
 use tokio::sync::watch;
 
-use super::endpoint::Backoff;
 use super::resource::Unhealthy;
+use crate::backoff::Backoff;
 use gpushare_core::inventory::Inventory;
 use gpushare_core::placement::model::{SCHEDULE_LABEL, ScheduleMode};
 use gpushare_core::request::node::{NODE_GPUS_ANNOTATION, NodeGpus};
@@ -80,7 +80,7 @@ pub async fn run(sync: NodeSync, access: KubeAccess) {
                 match crate::kubeclient::client(path.as_deref()).await {
                     Ok(c) => break c,
                     Err(e) => {
-                        let wait = backoff.next();
+                        let wait = backoff.next_wait();
                         tracing::warn!(
                             node = %sync.node_name,
                             error = %format!("{e:#}"),
@@ -158,7 +158,7 @@ pub async fn run_with_client(mut sync: NodeSync, client: kube::Client) {
                         backoff.reset();
                     }
                     Err(e) => {
-                        let wait = backoff.next();
+                        let wait = backoff.next_wait();
                         tracing::warn!(node = %name, error = %e, retry_in = ?wait, "cannot publish node annotation gpushare.io/gpus");
                         retry_at = tokio::time::Instant::now() + wait;
                     }

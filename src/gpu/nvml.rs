@@ -13,21 +13,31 @@ use crate::throttle::pidmap::PidMap;
 use crate::throttle::source::{Sample, SampleSource, Tracked};
 use gpushare_core::inventory::GpuInfo;
 
+/// Why NVML could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum NvmlError {
+    #[error("nvml_library {library}: cannot initialize NVML: {source}")]
+    Init {
+        library: PathBuf,
+        source: nvml_wrapper::error::NvmlError,
+    },
+    #[error("NVML: cannot read the GPU inventory: {0}")]
+    Inventory(#[from] nvml_wrapper::error::NvmlError),
+}
+
 /// Opens NVML from `library` (a file name searched by the dynamic loader, or a path).
-pub fn open(library: &Path) -> anyhow::Result<Nvml> {
+pub fn open(library: &Path) -> Result<Nvml, NvmlError> {
     Nvml::builder()
         .lib_path(OsStr::new(library))
         .init()
-        .map_err(|e| {
-            anyhow::anyhow!(
-                "nvml_library {}: cannot initialize NVML: {e}",
-                library.display()
-            )
+        .map_err(|source| NvmlError::Init {
+            library: library.to_path_buf(),
+            source,
         })
 }
 
 /// Every GPU NVML reports.
-pub fn inventory(nvml: &Nvml) -> anyhow::Result<Vec<GpuInfo>> {
+pub fn inventory(nvml: &Nvml) -> Result<Vec<GpuInfo>, NvmlError> {
     let n = nvml.device_count()?;
     let mut gpus = Vec::with_capacity(n as usize);
     for index in 0..n {

@@ -2,8 +2,8 @@
 //! from `kubectl inspect cgpu`.
 //!
 //! Pure at the core: [`build`] turns lists of Node and Pod objects into a [`ClusterView`], and
-//! [`render`] turns that into the table, the per-GPU details or JSON. Only [`main`] talks to the
-//! API server (one list of nodes, one of non-terminated pods).
+//! [`render`] turns that into the table, the per-GPU details or JSON. Only [`fetch`] talks to the
+//! API server (one list of nodes, one of non-terminated pods); the command is `cmd::inspect`.
 //!
 //! Numbers come from what the scheduler assigned (pod annotation `gpushare.io/assignment`), not
 //! from what pods request: that is what the node agent enforces. GPUs come from the node
@@ -13,14 +13,12 @@
 pub mod render;
 
 use std::collections::{BTreeMap, HashMap};
-use std::path::PathBuf;
 
-use anyhow::Context as _;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, ListParams};
 use serde::Serialize;
 
-use gpushare_core::request::limits::{MemoryUnit, ResourceNames};
+use gpushare_core::request::limits::ResourceNames;
 use gpushare_core::request::node::{NODE_GPUS_ANNOTATION, NodeGpus};
 use gpushare_core::request::{ASSIGNMENT_ANNOTATION, Assignment};
 
@@ -28,48 +26,6 @@ use gpushare_core::request::{ASSIGNMENT_ANNOTATION, Assignment};
 pub const SCHEDULE_LABEL: &str = "ack.node.gpu.schedule";
 /// Node label: placement policy on the node (`binpack`, `spread`).
 pub const PLACEMENT_LABEL: &str = "ack.node.gpu.placement";
-
-/// Command-line arguments of `gpushare inspect`.
-#[derive(Debug, Clone, clap::Args)]
-pub struct InspectArgs {
-    /// kubeconfig file (default: $KUBECONFIG, in-cluster, ~/.kube/config).
-    #[arg(long)]
-    pub kubeconfig: Option<PathBuf>,
-    /// Per node and GPU: model, UUID, health, and the pods holding shares.
-    #[arg(short, long)]
-    pub details: bool,
-    /// Print the same data as JSON (memory always in MiB).
-    #[arg(long, conflicts_with = "details")]
-    pub json: bool,
-    /// Unit memory is shown in: GiB or MiB.
-    #[arg(long, default_value = "GiB", value_parser = parse_unit)]
-    pub unit: MemoryUnit,
-    /// Unit of the GPU-memory resource aliyun.com/gpu-mem (GiB or MiB), as the scheduler's
-    /// --memory-unit; used for nodes whose GPUs are inferred from their allocatable memory.
-    #[arg(long, default_value = "GiB", value_parser = parse_unit)]
-    pub memory_unit: MemoryUnit,
-    /// Only these nodes (default: every GPU node).
-    #[arg(value_name = "NODE")]
-    pub nodes: Vec<String>,
-}
-
-impl InspectArgs {
-    pub fn resource_names(&self) -> ResourceNames {
-        ResourceNames {
-            memory_unit: self.memory_unit,
-            ..ResourceNames::default()
-        }
-    }
-}
-
-/// Parses a memory unit name as given on the command line.
-pub fn parse_unit(s: &str) -> Result<MemoryUnit, String> {
-    match s.to_ascii_lowercase().as_str() {
-        "gib" | "gi" => Ok(MemoryUnit::GiB),
-        "mib" | "mi" => Ok(MemoryUnit::MiB),
-        _ => Err(format!("unit {s:?} is not GiB or MiB")),
-    }
-}
 
 /// Where a node's GPU list came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -514,43 +470,25 @@ where
     }
 }
 
+/// Why the API server's objects could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum FetchError {
+    #[error("cannot list nodes: {0}")]
+    Nodes(kube::Error),
+    #[error("cannot list pods: {0}")]
+    Pods(kube::Error),
+}
+
 /// Reads nodes and non-terminated pods from the API server.
-pub async fn fetch(client: kube::Client) -> anyhow::Result<(Vec<Node>, Vec<Pod>)> {
+pub async fn fetch(client: kube::Client) -> Result<(Vec<Node>, Vec<Pod>), FetchError> {
     let nodes = list_all(&Api::<Node>::all(client.clone()), ListParams::default())
         .await
-        .context("cannot list nodes")?;
+        .map_err(FetchError::Nodes)?;
     let pods = list_all(
         &Api::<Pod>::all(client),
         ListParams::default().fields("status.phase!=Succeeded,status.phase!=Failed"),
     )
     .await
-    .context("cannot list pods")?;
+    .map_err(FetchError::Pods)?;
     Ok((nodes, pods))
-}
-
-/// `gpushare inspect`: fetch, build, print to stdout; warnings go to stderr (table mode).
-pub fn main(args: &InspectArgs) -> anyhow::Result<()> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("cannot start the async runtime")?;
-    let (nodes, pods) = rt.block_on(async {
-        let client = crate::kubeclient::client(args.kubeconfig.as_deref()).await?;
-        fetch(client).await
-    })?;
-    let view = build(&nodes, &pods, &args.resource_names(), &args.nodes)?;
-    let out = if args.json {
-        render::json(&view)
-    } else if args.details {
-        render::details(&view, args.unit)
-    } else {
-        render::table(&view, args.unit)
-    };
-    print!("{out}");
-    if !args.json && !args.details {
-        for w in render::all_warnings(&view) {
-            eprintln!("warning: {w}");
-        }
-    }
-    Ok(())
 }

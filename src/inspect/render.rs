@@ -7,13 +7,6 @@
 use super::{ClusterView, NodeView};
 use gpushare_core::request::limits::MemoryUnit;
 
-fn unit_name(unit: MemoryUnit) -> &'static str {
-    match unit {
-        MemoryUnit::GiB => "GiB",
-        MemoryUnit::MiB => "MiB",
-    }
-}
-
 /// An amount of memory in `unit`: whole when exact, else one decimal.
 pub fn amount(mib: u64, unit: MemoryUnit) -> String {
     let u = unit.mib();
@@ -119,7 +112,7 @@ pub fn table(view: &ClusterView, unit: MemoryUnit) -> String {
         .unwrap_or(0);
     let mut header = vec!["NAME".to_string(), "IPADDRESS".to_string()];
     header.extend((0..columns).map(|i| format!("GPU{i}(Allocated/Total)")));
-    header.push(format!("GPU Memory({})", unit_name(unit)));
+    header.push(format!("GPU Memory({})", unit.name()));
     header.push("GPU Core(%)".to_string());
     let mut rows = vec![header];
     let mut unhealthy = false;
@@ -184,7 +177,7 @@ pub fn details(view: &ClusterView, unit: MemoryUnit) -> String {
             s.to_string()
         }
     };
-    let mem_header = format!("MEMORY({})", unit_name(unit));
+    let mem_header = format!("MEMORY({})", unit.name());
     let mut out = String::new();
     for n in &view.nodes {
         let head = [

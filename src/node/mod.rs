@@ -8,9 +8,10 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use crate::config::{Enforcement, GpuBackend, NodeConfig};
-use crate::gpu::devices;
-use crate::gpu::sim;
+use std::path::PathBuf;
+
+use crate::config::{ConfigError, Enforcement, GpuBackend, NodeConfig};
+use crate::gpu::{Backend, BackendError, devices, sim};
 use crate::nri::api::nri_api::{
     ConfigureRequest, Container, ContainerAdjustment, ContainerState as NriState, Event,
     PodSandbox, SynchronizeRequest,
@@ -22,7 +23,7 @@ use crate::throttle::controller::{ControllerLink, ThrottleStats};
 use gpushare_core::adjust::{self, AdjustOptions};
 use gpushare_core::inventory::DeviceSet;
 use gpushare_core::inventory::{Inventory, SimConfig, sim_inventory};
-use gpushare_core::request::{self, ContainerRequest, RequestPolicy};
+use gpushare_core::request::{self, ContainerRequest, RequestError, RequestPolicy};
 
 /// Everything the handler derives from the configuration and the hardware.
 #[derive(Debug, Serialize)]
@@ -97,28 +98,21 @@ impl NodeState {
         }
     }
 
-    /// Discovers (or, for `sim`, creates) the GPUs and their device nodes.
-    pub fn init(cfg: &NodeConfig) -> anyhow::Result<NodeState> {
+    /// The node's state for `inventory` (from `gpu::Backend::open`): discovers the device
+    /// nodes (for `sim`, creates them first under the agent's own dev root).
+    pub fn init(cfg: &NodeConfig, inventory: Inventory) -> Result<NodeState, NodeError> {
         cfg.validate()?;
         let node_name = cfg.node_name();
         let dev_root = cfg.dev_root();
-        let inventory = match cfg.gpu_backend {
-            GpuBackend::Sim => {
-                let gpus = sim_inventory(&cfg.sim, &node_name);
-                let minors: Vec<u32> = gpus.iter().map(|g| g.minor).collect();
-                sim::create_device_nodes(&dev_root, &minors).map_err(|e| {
-                    anyhow::anyhow!(
-                        "cannot create simulated device nodes under dev_root {}: {e}",
-                        dev_root.display()
-                    )
-                })?;
-                Inventory::new(gpus)
-            }
-            GpuBackend::Nvml => {
-                let nvml = crate::gpu::nvml::open(&cfg.nvml_library)?;
-                Inventory::new(crate::gpu::nvml::inventory(&nvml)?)
-            }
-        };
+        if cfg.gpu_backend == GpuBackend::Sim {
+            let minors: Vec<u32> = inventory.gpus.iter().map(|g| g.minor).collect();
+            sim::create_device_nodes(&dev_root, &minors).map_err(|source| {
+                NodeError::SimDevices {
+                    dev_root: dev_root.clone(),
+                    source,
+                }
+            })?;
+        }
         let devices = devices::discover(&dev_root, &cfg.proc_root.join("devices"))?;
         Ok(NodeState {
             node_name,
@@ -133,7 +127,7 @@ impl NodeState {
                 memory_unit: cfg.resources.memory_unit,
             },
             sim: (cfg.gpu_backend == GpuBackend::Sim).then(|| SimNode {
-                dir: sim_dir(cfg),
+                dir: cfg.sim_dir(),
                 ncpu: std::thread::available_parallelism().map_or(1, |n| n.get()),
             }),
             mps_pipe_root: (cfg.enforcement == Enforcement::Mps)
@@ -142,9 +136,73 @@ impl NodeState {
     }
 }
 
-/// Where simulated containers' declaration directories live.
-pub fn sim_dir(cfg: &NodeConfig) -> std::path::PathBuf {
-    cfg.throttle.state_dir.join("sim")
+/// Why the node's state could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum NodeError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error("cannot create simulated device nodes under dev_root {}: {source}", dev_root.display())]
+    SimDevices {
+        dev_root: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Devices(#[from] devices::DeviceError),
+    #[error(transparent)]
+    Backend(#[from] BackendError),
+}
+
+/// Why a GPU container is not admitted: a refusal of what it asks (the runtime answers
+/// InvalidArgument, and the message names the field and the value) or a fault of this node
+/// (Internal).
+#[derive(Debug, thiserror::Error)]
+pub enum DecideError {
+    #[error(transparent)]
+    Request(#[from] RequestError),
+    #[error(
+        "GPU {index} memory would be over-committed: {held_mib} MiB held by {containers} container(s) + {requested_mib} MiB requested > {total_mib} MiB"
+    )]
+    MemoryOverCommit {
+        index: u32,
+        held_mib: u64,
+        containers: usize,
+        requested_mib: u64,
+        total_mib: u64,
+    },
+    #[error(
+        "GPU {index} compute would be over-committed: {held}% held by {containers} container(s) + {requested}% requested > 100%"
+    )]
+    CoreOverCommit {
+        index: u32,
+        held: u32,
+        containers: usize,
+        requested: u32,
+    },
+    #[error(transparent)]
+    Adjust(#[from] adjust::AdjustError),
+    #[error("cannot create sim directory {}: {source}", path.display())]
+    SimDir {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+impl DecideError {
+    /// A refusal of the request (as opposed to a fault of the node).
+    pub fn is_refusal(&self) -> bool {
+        !matches!(self, DecideError::SimDir { .. })
+    }
+}
+
+impl From<DecideError> for HandlerError {
+    fn from(e: DecideError) -> Self {
+        let msg = format!("gpushare: {e}");
+        if e.is_refusal() {
+            HandlerError::invalid(msg)
+        } else {
+            HandlerError::internal(msg)
+        }
+    }
 }
 
 /// Counters for the status endpoint.
@@ -159,6 +217,9 @@ pub struct Stats {
     pub synced: AtomicBool,
 }
 
+/// What a pre-installed plugin does with the runtime's config and the backend it opened.
+type OnRuntimeConfig = Box<dyn Fn(&NodeConfig, Backend) + Send + Sync>;
+
 /// The NRI handler of `gpushare node`.
 pub struct Node {
     state: RwLock<Option<Arc<NodeState>>>,
@@ -168,8 +229,9 @@ pub struct Node {
     pub stats: Stats,
     /// Records gathered from a split Synchronize until its last chunk.
     sync_buf: Mutex<Vec<ContainerRecord>>,
-    /// Called with the runtime's config text (pre-installed plugins), before it is applied.
-    on_runtime_config: Box<dyn Fn(&NodeConfig) + Send + Sync>,
+    /// Called with the runtime's config (pre-installed plugins) and the GPU backend it opened,
+    /// once the node's state is set up from it.
+    on_runtime_config: OnRuntimeConfig,
     /// The throttling controller, once running.
     throttle: std::sync::OnceLock<(Arc<ThrottleStats>, Arc<ControllerLink>)>,
 }
@@ -183,13 +245,15 @@ impl Node {
             registry: Arc::new(Registry::new()),
             stats: Stats::default(),
             sync_buf: Mutex::new(vec![]),
-            on_runtime_config: Box::new(|_| {}),
+            on_runtime_config: Box::new(|_, _| {}),
             throttle: Default::default(),
         }
     }
 
     /// A node that takes its configuration from the runtime's `Configure` (pre-installed).
-    pub fn awaiting_config(on_config: impl Fn(&NodeConfig) + Send + Sync + 'static) -> Node {
+    pub fn awaiting_config(
+        on_config: impl Fn(&NodeConfig, Backend) + Send + Sync + 'static,
+    ) -> Node {
         Node {
             state: RwLock::new(None),
             config_from_runtime: true,
@@ -231,43 +295,48 @@ impl Node {
         state: &NodeState,
         pod: &PodSandbox,
         ctr: &Container,
-    ) -> Result<Option<(ContainerRequest, adjust::Adjustment)>, String> {
+    ) -> Result<Option<(ContainerRequest, adjust::Adjustment)>, DecideError> {
         let req = request::container_request(
             &pod.annotations,
             &ctr.name,
             &ctr.annotations,
             &state.inventory,
             &state.policy,
-        )
-        .map_err(|e| e.to_string())?;
+        )?;
         let Some(req) = req else { return Ok(None) };
         for g in &req.gpus {
             let gpu = state.inventory.get(g.index).expect("validated index");
             let c = self.registry.committed(g.index, &ctr.id);
             if c.memory_mib + g.memory_mib > gpu.memory_mib {
-                return Err(format!(
-                    "GPU {} memory would be over-committed: {} MiB held by {} container(s) + {} MiB requested > {} MiB",
-                    g.index, c.memory_mib, c.containers, g.memory_mib, gpu.memory_mib
-                ));
+                return Err(DecideError::MemoryOverCommit {
+                    index: g.index,
+                    held_mib: c.memory_mib,
+                    containers: c.containers,
+                    requested_mib: g.memory_mib,
+                    total_mib: gpu.memory_mib,
+                });
             }
             if let Some(core) = g.core_percent
                 && c.core_percent + core > 100
             {
-                return Err(format!(
-                    "GPU {} compute would be over-committed: {}% held by {} container(s) + {}% requested > 100%",
-                    g.index, c.core_percent, c.containers, core
-                ));
+                return Err(DecideError::CoreOverCommit {
+                    index: g.index,
+                    held: c.core_percent,
+                    containers: c.containers,
+                    requested: core,
+                });
             }
         }
-        let mut adj =
-            adjust::build(&req, &state.devices, &state.adjust).map_err(|e| e.to_string())?;
+        let mut adj = adjust::build(&req, &state.devices, &state.adjust)?;
         if let Some(root) = &state.mps_pipe_root {
             adjust::add_mps(&mut adj, &req, root);
         }
         if let Some(sim) = &state.sim {
             let dir = sim.container_dir(&ctr.id);
-            std::fs::create_dir_all(&dir)
-                .map_err(|e| format!("cannot create sim directory {}: {e}", dir.display()))?;
+            std::fs::create_dir_all(&dir).map_err(|source| DecideError::SimDir {
+                path: dir.clone(),
+                source,
+            })?;
             adjust::add_sim(
                 &mut adj,
                 req.gpus[0].index,
@@ -327,9 +396,11 @@ impl Handler for Node {
         if self.config_from_runtime {
             let cfg = NodeConfig::from_toml(&req.config, "from the runtime's plugin config")
                 .map_err(|e| HandlerError::invalid(e.to_string()))?;
-            (self.on_runtime_config)(&cfg);
-            let state =
-                NodeState::init(&cfg).map_err(|e| HandlerError::invalid(format!("{e:#}")))?;
+            let backend = Backend::open(&cfg)
+                .map_err(|e| HandlerError::invalid(format!("gpu_backend: {e}")))?;
+            let state = NodeState::init(&cfg, backend.inventory.clone())
+                .map_err(|e| HandlerError::invalid(e.to_string()))?;
+            (self.on_runtime_config)(&cfg, backend);
             tracing::info!(gpus = state.inventory.len(), "configured from the runtime");
             *self.state.write().expect("state lock") = Some(Arc::new(state));
         }
@@ -414,10 +485,10 @@ impl Handler for Node {
                 );
                 Ok(Some(convert::adjustment(&adj)))
             }
-            Err(msg) => {
+            Err(e) => {
                 self.stats.creates_refused.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(error = %msg, "GPU container refused");
-                Err(HandlerError::invalid(format!("gpushare: {msg}")))
+                tracing::warn!(error = %e, refusal = e.is_refusal(), "GPU container refused");
+                Err(e.into())
             }
         }
     }

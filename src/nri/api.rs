@@ -1,6 +1,5 @@
 //! Generated NRI protobuf messages and ttrpc services (see `build.rs` and `protos/SOURCES`).
-
-#[allow(
+#![allow(
     clippy::all,
     clippy::pedantic,
     dead_code,
@@ -13,25 +12,15 @@
     unused_imports,
     unused_results,
     unused_mut,
+    unused_qualifications,
     unknown_lints
 )]
+
 #[rustfmt::skip]
 pub mod nri_api {
     include!(concat!(env!("OUT_DIR"), "/nri_api.rs"));
 }
 
-#[allow(
-    clippy::all,
-    clippy::pedantic,
-    dead_code,
-    missing_docs,
-    non_camel_case_types,
-    non_snake_case,
-    non_upper_case_globals,
-    unused_imports,
-    unused_qualifications,
-    unknown_lints
-)]
 #[rustfmt::skip]
 pub mod nri_api_ttrpc {
     include!(concat!(env!("OUT_DIR"), "/nri_api_ttrpc.rs"));

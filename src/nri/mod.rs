@@ -5,4 +5,5 @@ pub mod api;
 pub mod convert;
 pub mod mux;
 pub mod plugin;
+pub mod runtime_side;
 pub mod service;

@@ -14,6 +14,7 @@ use super::api::nri_api::RegisterPluginRequest;
 use super::api::nri_api_ttrpc::{RuntimeClient, create_plugin};
 use super::mux::{Mux, PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN};
 use super::service::{Handler, PluginService};
+use crate::backoff::Backoff;
 
 /// NRI API version of the vendored `api.proto` (see protos/SOURCES).
 pub const NRI_API_VERSION: &str = "v0.12.5";
@@ -28,12 +29,27 @@ pub struct Registration {
 /// How long RegisterPlugin may take (the runtime's own registration timeout is 5 s).
 const REGISTER_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// Why a runtime connection could not be served.
+#[derive(Debug, thiserror::Error)]
+pub enum PluginError {
+    #[error("cannot start the plugin service: {0}")]
+    Serve(ttrpc::Error),
+    #[error("RegisterPlugin {index}-{name} failed: {source}")]
+    Register {
+        index: String,
+        name: String,
+        source: ttrpc::Error,
+    },
+    #[error("the runtime's plugin socket: {0}")]
+    Socket(#[from] std::io::Error),
+}
+
 /// Serves one runtime connection until it closes. Returns why it ended.
 pub async fn serve_connection<H: Handler>(
     stream: UnixStream,
     reg: &Registration,
     handler: Arc<H>,
-) -> anyhow::Result<String> {
+) -> Result<String, PluginError> {
     let mut mux = Mux::start(stream, &[PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN]);
     let closed = mux.closed();
     let plugin_conn = mux.take(PLUGIN_SERVICE_CONN).expect("plugin connection");
@@ -46,7 +62,7 @@ pub async fn serve_connection<H: Handler>(
     let mut server = ttrpc::r#async::Server::new()
         .add_listener(Listener::new(accepted))
         .register_service(service);
-    server.start().await?;
+    server.start().await.map_err(PluginError::Serve)?;
 
     let client = RuntimeClient::new(ttrpc::r#async::Client::new(Socket::new(runtime_conn)));
     let req = RegisterPluginRequest {
@@ -64,7 +80,11 @@ pub async fn serve_connection<H: Handler>(
     };
     if let Err(e) = registered {
         let _ = server.shutdown().await;
-        anyhow::bail!("RegisterPlugin {}-{} failed: {e}", reg.index, reg.name);
+        return Err(PluginError::Register {
+            index: reg.index.clone(),
+            name: reg.name.clone(),
+            source: e,
+        });
     }
     tracing::info!(plugin = %reg.name, index = %reg.index, "registered with the runtime");
     handler.connected(true);
@@ -79,9 +99,7 @@ use futures::StreamExt as _;
 /// External plugin: connect to `socket`, serve, and reconnect with backoff (0.2 s doubling
 /// to 5 s) whenever the runtime restarts. Runs until the task is dropped.
 pub async fn run_external<H: Handler>(socket: &Path, reg: Registration, handler: Arc<H>) {
-    const MIN: Duration = Duration::from_millis(200);
-    const MAX: Duration = Duration::from_secs(5);
-    let mut backoff = MIN;
+    let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(5));
     loop {
         match UnixStream::connect(socket).await {
             Ok(stream) => {
@@ -89,7 +107,7 @@ pub async fn run_external<H: Handler>(socket: &Path, reg: Registration, handler:
                 match serve_connection(stream, &reg, handler.clone()).await {
                     Ok(reason) => {
                         tracing::warn!(%reason, "runtime connection ended; reconnecting");
-                        backoff = MIN;
+                        backoff.reset();
                     }
                     Err(e) => tracing::error!(error = %e, "runtime connection failed"),
                 }
@@ -98,8 +116,7 @@ pub async fn run_external<H: Handler>(socket: &Path, reg: Registration, handler:
                 tracing::debug!(socket = %socket.display(), error = %e, "runtime not reachable")
             }
         }
-        tokio::time::sleep(backoff).await;
-        backoff = (backoff * 2).min(MAX);
+        tokio::time::sleep(backoff.next_wait()).await;
     }
 }
 
@@ -109,7 +126,7 @@ pub async fn run_preinstalled<H: Handler>(
     fd: RawFd,
     reg: Registration,
     handler: Arc<H>,
-) -> anyhow::Result<String> {
+) -> Result<String, PluginError> {
     // SAFETY: the runtime hands this fd to us and nothing else in the process owns it.
     let std_stream = unsafe { std::os::unix::net::UnixStream::from_raw_fd(fd) };
     std_stream.set_nonblocking(true)?;

@@ -13,67 +13,31 @@ pub mod podreq;
 pub mod server;
 pub mod wire;
 
-use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use anyhow::Context as _;
-use clap::Args;
-
-use gpushare_core::placement::{POLICIES, UnknownPolicy};
 use gpushare_core::request::ResourceNames;
 
-#[derive(Args, Debug, Clone)]
-pub struct SchedulerArgs {
-    /// Address of the extender's HTTP endpoint (filter, prioritize, bind, healthz, metrics).
-    #[arg(long, default_value = "127.0.0.1:39999")]
-    pub listen: SocketAddr,
-    /// Kubeconfig (default: $KUBECONFIG, in-cluster, ~/.kube/config).
-    #[arg(long)]
-    pub kubeconfig: Option<PathBuf>,
-    /// Node-ranking policy: gpushare, fgd, bestfit, binpack, spread. The GPU inside a node
-    /// follows the node's `ack.node.gpu.placement` label when set.
-    #[arg(long, default_value = "gpushare")]
+/// What the extender needs besides the API server.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// Node-ranking policy (one of `placement::POLICIES`).
     pub policy: String,
-    /// Seconds an assumed allocation is held when its pod is never seen bound.
-    #[arg(long, default_value_t = 300)]
-    pub assume_ttl_secs: u64,
-    /// Unit of the memory resource: GiB or MiB.
-    #[arg(long, default_value = "GiB")]
-    pub memory_unit: String,
-    #[arg(long, default_value = "info")]
-    pub log_level: String,
+    pub names: ResourceNames,
+    /// How long an assumed allocation is held when its pod is never seen bound.
+    pub assume_ttl: Duration,
 }
 
-pub fn main(args: &SchedulerArgs) -> anyhow::Result<()> {
-    crate::logging::init(&crate::config::LogConfig {
-        level: args.log_level.clone(),
-        ..Default::default()
-    })?;
-    if !POLICIES.contains(&args.policy.as_str()) {
-        return Err(UnknownPolicy(args.policy.clone()).into());
-    }
-    let names = ResourceNames {
-        memory_unit: match args.memory_unit.as_str() {
-            "GiB" => gpushare_core::request::MemoryUnit::GiB,
-            "MiB" => gpushare_core::request::MemoryUnit::MiB,
-            other => anyhow::bail!("--memory-unit {other:?} is not GiB or MiB"),
-        },
-        ..Default::default()
-    };
-    let rt = tokio::runtime::Runtime::new().context("tokio runtime")?;
-    rt.block_on(run(args.clone(), names))
-}
-
-async fn run(args: SchedulerArgs, names: ResourceNames) -> anyhow::Result<()> {
-    let client = crate::kubeclient::client(args.kubeconfig.as_deref()).await?;
-    let cluster = cache::Cluster::new(
-        &args.policy,
-        names,
-        Duration::from_secs(args.assume_ttl_secs),
-    );
+/// Serves the extender on `listener` until `shutdown` completes: the watches of nodes and
+/// pods feed the cache, assumed allocations expire, HTTP answers filter, prioritize and bind.
+pub async fn serve(
+    client: ::kube::Client,
+    listener: tokio::net::TcpListener,
+    settings: Settings,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let cluster = cache::Cluster::new(&settings.policy, settings.names, settings.assume_ttl);
     let binder = Arc::new(kube::KubeBinder {
         client: client.clone(),
     });
@@ -98,21 +62,7 @@ async fn run(args: SchedulerArgs, names: ResourceNames) -> anyhow::Result<()> {
             }
         }
     });
-    let listener = tokio::net::TcpListener::bind(args.listen)
-        .await
-        .with_context(|| format!("cannot listen on {}", args.listen))?;
-    tracing::info!(listen = %args.listen, policy = %args.policy, "gpushare scheduler extender serving");
-    let shutdown = async {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-            .expect("SIGTERM handler");
-        tokio::select! {
-            _ = term.recv() => {}
-            _ = tokio::signal::ctrl_c() => {}
-        }
-    };
     axum::serve(listener, server::router(ext))
         .with_graceful_shutdown(shutdown)
         .await
-        .context("extender server")?;
-    Ok(())
 }

@@ -1,14 +1,9 @@
 //! `gpushare simulate`: replays cluster traces through the placement engine and reports how
 //! much GPU capacity each policy leaves unallocated (method: `bench/PACKING.md`).
 //!
-//! ```text
-//! gpushare simulate --nodes openb_node_list_gpu_node.csv \
-//!     --pods openb_pod_list_default.csv --policy gpushare,fgd,bestfit --seeds 10 [--json]
-//! ```
-//!
-//! Prints one table per trace (or, with `--json`, one JSON document per trace and line),
-//! writes `<out>/<trace>.json` (the same document, with the curves) and the plot
-//! `<out>/pack.png` (or `--plot FILE`).
+//! The command itself (flags, output files) is `cmd::simulate`; this module is the method:
+//! trace files ([`trace`]), the replay ([`replay`]), the report ([`report`]) and the plot
+//! ([`plot`]).
 
 pub mod plot;
 pub mod replay;
@@ -16,54 +11,14 @@ pub mod report;
 pub mod rng;
 pub mod trace;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
-
-use anyhow::Context as _;
-use clap::Args;
 
 use gpushare_core::placement::{POLICIES, UnknownPolicy};
 pub use replay::{Run, Trace, replay};
 pub use report::{PolicyResult, TraceReport};
-
-#[derive(Args, Debug, Clone)]
-pub struct SimulateArgs {
-    /// Node list CSV (sn, cpu_milli, memory_mib, gpu, model).
-    #[arg(long)]
-    pub nodes: PathBuf,
-    /// Pod list CSV(s) (name, cpu_milli, memory_mib, num_gpu, gpu_milli, gpu_spec, …); one
-    /// trace each. Repeat the flag or separate with commas.
-    #[arg(long, required = true, value_delimiter = ',')]
-    pub pods: Vec<PathBuf>,
-    /// Policies to compare, comma-separated (gpushare, fgd, bestfit, binpack, spread).
-    #[arg(long, value_delimiter = ',', default_value = "gpushare,fgd,bestfit")]
-    pub policy: Vec<String>,
-    /// Number of seeds (runs per policy and trace).
-    #[arg(long, default_value_t = 10)]
-    pub seeds: u64,
-    /// First seed (the reference artifact used 42–51).
-    #[arg(long, default_value_t = 42)]
-    pub seed_base: u64,
-    /// Replay until the arrived GPU demand reaches this percent of capacity.
-    #[arg(long, default_value_t = 130)]
-    pub max_load: u32,
-    /// Share of pods the typical shapes cover (fgd, gpushare).
-    #[arg(long, default_value_t = 0.95)]
-    pub typical_coverage: f64,
-    /// Print JSON (one document per trace and line) instead of tables.
-    #[arg(long)]
-    pub json: bool,
-    /// Where `<trace>.json` files go.
-    #[arg(long, default_value = "target/bench/pack")]
-    pub out: PathBuf,
-    /// The PNG plot (unallocated % vs arrived load); default `<out>/pack.png`.
-    #[arg(long)]
-    pub plot: Option<PathBuf>,
-    /// Replays run in parallel (decision times are cleanest with 1).
-    #[arg(long, default_value_t = 1)]
-    pub jobs: usize,
-}
+pub use trace::TraceError;
 
 /// Runs every (policy, seed) of `trace`, `jobs` at a time.
 pub fn run_trace(
@@ -118,58 +73,18 @@ pub fn run_trace(
 }
 
 /// Loads one trace.
-pub fn load_trace(nodes: &Path, pods: &Path, coverage: f64) -> anyhow::Result<Trace> {
+pub fn load_trace(nodes: &Path, pods: &Path, coverage: f64) -> Result<Trace, TraceError> {
     let node_specs = trace::read_nodes(nodes)?;
     let pod_list = trace::read_pods(pods)?;
-    anyhow::ensure!(!node_specs.is_empty(), "{}: no nodes", nodes.display());
+    if node_specs.is_empty() {
+        return Err(TraceError::NoNodes {
+            path: nodes.to_path_buf(),
+        });
+    }
     Ok(Trace::new(
         &trace::trace_name(pods),
         node_specs,
         pod_list,
         coverage,
     ))
-}
-
-/// The `simulate` subcommand.
-pub fn main(args: &SimulateArgs) -> anyhow::Result<()> {
-    anyhow::ensure!(args.seeds > 0, "--seeds must be at least 1");
-    anyhow::ensure!(
-        (1..=1000).contains(&args.max_load),
-        "--max-load {} is not in [1, 1000]",
-        args.max_load
-    );
-    let seeds: Vec<u64> = (0..args.seeds).map(|i| args.seed_base + i).collect();
-    std::fs::create_dir_all(&args.out)
-        .with_context(|| format!("cannot create {}", args.out.display()))?;
-    let mut written = Vec::new();
-    let mut reports = Vec::new();
-    for pods in &args.pods {
-        let trace = load_trace(&args.nodes, pods, args.typical_coverage)?;
-        let report = run_trace(&trace, &args.policy, &seeds, args.max_load, args.jobs)?;
-        let doc = report.json();
-        let file = args.out.join(format!("{}.json", report.trace));
-        std::fs::write(&file, serde_json::to_string_pretty(&doc)? + "\n")
-            .with_context(|| format!("cannot write {}", file.display()))?;
-        if args.json {
-            println!("{}", serde_json::to_string(&doc)?);
-        } else {
-            println!("{}", report.table());
-        }
-        written.push(file.display().to_string());
-        reports.push(report);
-    }
-    let png = args
-        .plot
-        .clone()
-        .unwrap_or_else(|| args.out.join("pack.png"));
-    plot::write_png(&reports, &png)?;
-    written.push(png.display().to_string());
-    // With --json, stdout carries only the documents.
-    let hint = format!("wrote {}", written.join(", "));
-    if args.json {
-        eprintln!("{hint}");
-    } else {
-        println!("{hint}");
-    }
-    Ok(())
 }

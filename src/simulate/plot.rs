@@ -5,11 +5,29 @@
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-use anyhow::{Context as _, anyhow};
 use plotters::prelude::*;
 use plotters::style::{FontStyle, register_font};
 
 use super::report::{TraceReport, published};
+
+/// Why the plot could not be drawn.
+#[derive(Debug, thiserror::Error)]
+pub enum PlotError {
+    #[error("nothing to plot")]
+    Empty,
+    #[error("{0}")]
+    Font(String),
+    #[error("cannot draw the plot: {0}")]
+    Draw(String),
+    #[error("cannot write {path}: {reason}")]
+    Write { path: PathBuf, reason: String },
+}
+
+impl<E: std::error::Error + Send + Sync> From<DrawingAreaErrorKind<E>> for PlotError {
+    fn from(e: DrawingAreaErrorKind<E>) -> Self {
+        PlotError::Draw(e.to_string())
+    }
+}
 
 /// First arrived load on the x axis (percent of capacity).
 const FROM_LOAD: usize = 80;
@@ -34,7 +52,7 @@ fn color(policy: &str) -> RGBColor {
 }
 
 /// Registers the font once; the error names the paths tried.
-fn font() -> anyhow::Result<()> {
+fn font() -> Result<(), PlotError> {
     static LOADED: OnceLock<Result<PathBuf, String>> = OnceLock::new();
     let loaded = LOADED.get_or_init(|| {
         let mut tried: Vec<PathBuf> = Vec::new();
@@ -57,12 +75,17 @@ fn font() -> anyhow::Result<()> {
             names.join(", ")
         ))
     });
-    loaded.as_ref().map(|_| ()).map_err(|e| anyhow!("{e}"))
+    loaded
+        .as_ref()
+        .map(|_| ())
+        .map_err(|e| PlotError::Font(e.clone()))
 }
 
 /// Writes the plot of `reports` to `path` (PNG).
-pub fn write_png(reports: &[TraceReport], path: &Path) -> anyhow::Result<()> {
-    anyhow::ensure!(!reports.is_empty(), "nothing to plot");
+pub fn write_png(reports: &[TraceReport], path: &Path) -> Result<(), PlotError> {
+    if reports.is_empty() {
+        return Err(PlotError::Empty);
+    }
     font()?;
     let cols = reports.len().min(3);
     let rows = reports.len().div_ceil(cols);
@@ -78,15 +101,17 @@ pub fn write_png(reports: &[TraceReport], path: &Path) -> anyhow::Result<()> {
     for (panel, report) in panels.iter().zip(reports) {
         draw_panel(panel, report)?;
     }
-    root.present()
-        .with_context(|| format!("cannot write {}", path.display()))?;
+    root.present().map_err(|e| PlotError::Write {
+        path: path.to_path_buf(),
+        reason: e.to_string(),
+    })?;
     Ok(())
 }
 
 fn draw_panel<DB: DrawingBackend>(
     area: &DrawingArea<DB, plotters::coord::Shift>,
     r: &TraceReport,
-) -> anyhow::Result<()>
+) -> Result<(), PlotError>
 where
     DB::ErrorType: 'static,
 {

@@ -19,6 +19,8 @@ pub enum TraceError {
     },
     #[error("{path}: no header line")]
     Empty { path: PathBuf },
+    #[error("{path}: no nodes")]
+    NoNodes { path: PathBuf },
     #[error("{path}: column {column:?} is missing from the header")]
     MissingColumn { path: PathBuf, column: &'static str },
     #[error("{path} line {line}: {column} {value:?} is not a non-negative integer")]

@@ -346,18 +346,8 @@ fn value(kind: &Kind, sum: &Summary, repeated: bool, per: impl Fn(usize) -> Shap
 mod tests {
     use super::*;
     use crate::placement::model::NodeSpec;
+    use crate::placement::model::tests::share;
     use crate::placement::state::lowest;
-
-    fn share(cpu: u64, milli: u32) -> Request {
-        Request {
-            gpu: GpuDemand::Shared {
-                count: 1,
-                memory_mib: milli as u64 * 16,
-                core_milli: Some(milli),
-            },
-            ..Request::cpu_only("p", cpu, 0)
-        }
-    }
 
     fn whole(cpu: u64, count: u32) -> Request {
         Request {

@@ -319,8 +319,21 @@ impl Request {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+
+    /// A one-GPU share of `milli` per-mille (memory and core) with `cpu` millicores: the
+    /// placement tests' typical pod.
+    pub(crate) fn share(cpu: u64, milli: u32) -> Request {
+        Request {
+            gpu: GpuDemand::Shared {
+                count: 1,
+                memory_mib: milli as u64 * 16,
+                core_milli: Some(milli),
+            },
+            ..Request::cpu_only("p", cpu, 0)
+        }
+    }
     use crate::request::MemoryUnit;
 
     fn q(mem: u64, core: Option<u32>, count: Option<u32>) -> GpuQuantities {

@@ -116,47 +116,37 @@ impl GpuState {
         }
     }
 
-    /// Gives this GPU's part of `demand` to a pod.
-    pub fn take(&mut self, demand: &GpuDemand) {
+    /// What `demand` takes of this GPU: memory and core per-mille (a whole GPU: all of
+    /// it); `None` when it asks for no GPU.
+    fn cost(&self, demand: &GpuDemand) -> Option<(u64, u32)> {
         match *demand {
-            GpuDemand::None => {}
+            GpuDemand::None => None,
             GpuDemand::Shared {
                 memory_mib,
                 core_milli,
                 ..
-            } => {
-                // Saturating: a scheduler restoring allocations it did not decide (annotations
-                // written before a restart) must not wrap; what it restores fills the GPU.
-                self.memory_free = self.memory_free.saturating_sub(memory_mib);
-                self.core_free = self.core_free.saturating_sub(core_milli.unwrap_or(0));
-                self.pods += 1;
-            }
-            GpuDemand::Whole { .. } => {
-                self.memory_free = 0;
-                self.core_free = 0;
-                self.pods += 1;
-            }
+            } => Some((memory_mib, core_milli.unwrap_or(0))),
+            GpuDemand::Whole { .. } => Some((self.memory_mib, CORE_MILLI_PER_GPU)),
+        }
+    }
+
+    /// Gives this GPU's part of `demand` to a pod.
+    pub fn take(&mut self, demand: &GpuDemand) {
+        if let Some((memory_mib, core_milli)) = self.cost(demand) {
+            // Saturating: a scheduler restoring allocations it did not decide (annotations
+            // written before a restart) must not wrap; what it restores fills the GPU.
+            self.memory_free = self.memory_free.saturating_sub(memory_mib);
+            self.core_free = self.core_free.saturating_sub(core_milli);
+            self.pods += 1;
         }
     }
 
     /// Returns what [`GpuState::take`] gave.
     pub fn give_back(&mut self, demand: &GpuDemand) {
-        match *demand {
-            GpuDemand::None => {}
-            GpuDemand::Shared {
-                memory_mib,
-                core_milli,
-                ..
-            } => {
-                self.memory_free = (self.memory_free + memory_mib).min(self.memory_mib);
-                self.core_free = (self.core_free + core_milli.unwrap_or(0)).min(CORE_MILLI_PER_GPU);
-                self.pods = self.pods.saturating_sub(1);
-            }
-            GpuDemand::Whole { .. } => {
-                self.memory_free = self.memory_mib;
-                self.core_free = CORE_MILLI_PER_GPU;
-                self.pods = self.pods.saturating_sub(1);
-            }
+        if let Some((memory_mib, core_milli)) = self.cost(demand) {
+            self.memory_free = (self.memory_free + memory_mib).min(self.memory_mib);
+            self.core_free = (self.core_free + core_milli).min(CORE_MILLI_PER_GPU);
+            self.pods = self.pods.saturating_sub(1);
         }
     }
 }

@@ -101,17 +101,7 @@ impl Workload {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn share(cpu: u64, milli: u32) -> Request {
-        Request {
-            gpu: GpuDemand::Shared {
-                count: 1,
-                memory_mib: milli as u64 * 16,
-                core_milli: Some(milli),
-            },
-            ..Request::cpu_only("p", cpu, 0)
-        }
-    }
+    use crate::placement::model::tests::share;
 
     #[test]
     fn keeps_the_most_frequent_shapes_covering_the_threshold() {

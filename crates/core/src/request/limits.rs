@@ -30,6 +30,38 @@ impl MemoryUnit {
             MemoryUnit::MiB => 1,
         }
     }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            MemoryUnit::GiB => "GiB",
+            MemoryUnit::MiB => "MiB",
+        }
+    }
+}
+
+impl std::fmt::Display for MemoryUnit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A memory unit name that is neither GiB nor MiB.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unit {0:?} is not GiB or MiB")]
+pub struct UnknownUnit(pub String);
+
+/// The one parser of memory-unit names (command lines; the config file's serde names are the
+/// same `GiB` / `MiB`): `GiB`, `Gi`, `MiB`, `Mi`, any case.
+impl std::str::FromStr for MemoryUnit {
+    type Err = UnknownUnit;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.to_ascii_lowercase().as_str() {
+            "gib" | "gi" => Ok(MemoryUnit::GiB),
+            "mib" | "mi" => Ok(MemoryUnit::MiB),
+            _ => Err(UnknownUnit(s.to_string())),
+        }
+    }
 }
 
 /// Names of the extended resources and the memory unit (configurable per cluster).

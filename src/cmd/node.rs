@@ -1,0 +1,271 @@
+//! `gpushare node` (the NRI plugin, throttling controller, device plugin and status endpoint,
+//! as a systemd service or a pre-installed plugin the runtime starts) and `gpushare capacity`.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::Context as _;
+use clap::Args;
+use clap::builder::TypedValueParser as _;
+
+use crate::config::{GpuBackend, LogFormat, NodeConfig};
+use crate::gpu::Backend;
+use crate::node::{Node, NodeState};
+use crate::nri::plugin::{self, Registration};
+use crate::throttle::controller::Running;
+
+#[derive(Args, Clone, Debug, Default)]
+pub struct NodeArgs {
+    /// TOML config file (flags override it).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// The runtime's NRI socket.
+    #[arg(long)]
+    pub nri_socket: Option<PathBuf>,
+    #[arg(long, value_enum)]
+    pub gpu_backend: Option<GpuBackend>,
+    /// Where GPU device nodes live (sim: created there).
+    #[arg(long)]
+    pub dev_root: Option<PathBuf>,
+    /// Number of simulated GPUs.
+    #[arg(long)]
+    pub sim_gpus: Option<u32>,
+    /// Memory of each simulated GPU in MiB.
+    #[arg(long)]
+    pub sim_gpu_memory_mib: Option<u64>,
+    #[arg(long)]
+    pub plugin_name: Option<String>,
+    /// Two digits.
+    #[arg(long)]
+    pub plugin_index: Option<String>,
+    #[arg(long)]
+    pub node_name: Option<String>,
+    /// host:port for /healthz, /registry, /metrics.
+    #[arg(long, alias = "metrics-addr")]
+    pub status_listen: Option<String>,
+    /// Compute-quota policy: hard or burst.
+    #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(gpushare_core::control::Policy::NAMES)
+        .map(|s| s.parse::<gpushare_core::control::Policy>().expect("a listed name")))]
+    pub throttle_policy: Option<gpushare_core::control::Policy>,
+    /// Control period in milliseconds.
+    #[arg(long)]
+    pub throttle_period_ms: Option<u64>,
+    /// Turn the throttling controller off.
+    #[arg(long)]
+    pub no_throttle: bool,
+    /// Agent state directory (sim declarations, guardian list).
+    #[arg(long)]
+    pub state_dir: Option<PathBuf>,
+    /// cgroupfs root.
+    #[arg(long)]
+    pub cgroup_root: Option<PathBuf>,
+    #[arg(long, value_enum)]
+    pub log_format: Option<LogFormat>,
+    #[arg(long)]
+    pub log_file: Option<PathBuf>,
+    /// Also run the kubelet device plugin (memory, core, count resources) and publish the
+    /// node's GPUs as the node annotation gpushare.io/gpus.
+    #[arg(long)]
+    pub device_plugin: bool,
+    /// The kubelet's device-plugin directory (kubelet.sock and our sockets).
+    #[arg(long)]
+    pub device_plugin_dir: Option<PathBuf>,
+    /// Advertise gpu-core.percentage: auto (node label ack.node.gpu.schedule=core_mem), true, false.
+    #[arg(long, value_enum)]
+    pub device_plugin_core: Option<crate::deviceplugin::CoreMode>,
+    /// kubeconfig for the node annotation and labels (default: $KUBECONFIG, in-cluster,
+    /// ~/.kube/config).
+    #[arg(long)]
+    pub kubeconfig: Option<PathBuf>,
+}
+
+impl NodeConfig {
+    /// The config file (or the defaults) with the flags given on the command line on top.
+    pub fn from_args(args: &NodeArgs) -> anyhow::Result<NodeConfig> {
+        let mut cfg = match &args.config {
+            Some(p) => NodeConfig::load(p)?,
+            None => NodeConfig::default(),
+        };
+        cfg.apply(args);
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Overrides what `args` sets.
+    pub fn apply(&mut self, args: &NodeArgs) {
+        fn set<T: Clone>(dst: &mut T, flag: &Option<T>) {
+            if let Some(v) = flag {
+                *dst = v.clone();
+            }
+        }
+        set(&mut self.nri_socket, &args.nri_socket);
+        set(&mut self.gpu_backend, &args.gpu_backend);
+        set(&mut self.sim.count, &args.sim_gpus);
+        set(&mut self.sim.memory_mib, &args.sim_gpu_memory_mib);
+        set(&mut self.plugin_name, &args.plugin_name);
+        set(&mut self.plugin_index, &args.plugin_index);
+        set(&mut self.node_name, &args.node_name);
+        set(&mut self.log.format, &args.log_format);
+        set(&mut self.throttle.policy, &args.throttle_policy);
+        set(&mut self.throttle.period_ms, &args.throttle_period_ms);
+        set(&mut self.throttle.state_dir, &args.state_dir);
+        set(&mut self.throttle.cgroup_root, &args.cgroup_root);
+        set(&mut self.device_plugin.dir, &args.device_plugin_dir);
+        set(&mut self.device_plugin.core, &args.device_plugin_core);
+        if args.dev_root.is_some() {
+            self.dev_root = args.dev_root.clone();
+        }
+        if args.status_listen.is_some() {
+            self.status_listen = args.status_listen.clone();
+        }
+        if args.log_file.is_some() {
+            self.log.file = args.log_file.clone();
+        }
+        if args.kubeconfig.is_some() {
+            self.kubernetes.kubeconfig = args.kubeconfig.clone();
+        }
+        self.throttle.enabled &= !args.no_throttle;
+        self.device_plugin.enabled |= args.device_plugin;
+    }
+}
+
+/// `gpushare capacity`: the extended resources the device plugin advertises for this node.
+pub fn capacity(args: &NodeArgs) -> anyhow::Result<()> {
+    let cfg = NodeConfig::from_args(args)?;
+    let backend = Backend::open(&cfg)?;
+    for (name, value) in gpushare_core::inventory::capacity(&backend.inventory, &cfg.resources) {
+        println!("{name}: \"{value}\"");
+    }
+    Ok(())
+}
+
+/// `gpushare node`: the external NRI plugin until SIGTERM/SIGINT.
+pub fn run(args: &NodeArgs) -> anyhow::Result<()> {
+    let cfg = NodeConfig::from_args(args)?;
+    super::logging::init(&cfg.log)?;
+    let rt = super::runtime()?;
+    rt.block_on(async move {
+        let backend = Backend::open(&cfg)?;
+        let state = NodeState::init(&cfg, backend.inventory.clone())?;
+        tracing::info!(
+            node = %state.node_name,
+            gpus = state.inventory.len(),
+            backend = ?cfg.gpu_backend,
+            dev_root = %cfg.dev_root().display(),
+            "gpushare node starting"
+        );
+        let gpus = (state.node_name.clone(), state.inventory.clone());
+        let node = Arc::new(Node::new(state));
+        let controller = start_controller(&cfg, &node, backend)?;
+        if let Some(addr) = cfg.status_listen.clone() {
+            let n = node.clone();
+            let listener = tokio::net::TcpListener::bind(&addr)
+                .await
+                .with_context(|| format!("status_listen {addr}"))?;
+            drop(listener);
+            tokio::spawn(async move {
+                if let Err(e) = crate::status::serve(&addr, n).await {
+                    tracing::error!(error = %e, "status endpoint failed");
+                }
+            });
+        }
+        // Started last: nothing after it can fail and leave its sockets behind.
+        let device_plugin = cfg.device_plugin.enabled.then(|| {
+            crate::deviceplugin::Agent::start(
+                &cfg.device_plugin,
+                crate::deviceplugin::Settings::new(&cfg.device_plugin.dir),
+                &cfg.resources,
+                &gpus.0,
+                &gpus.1,
+                Some(crate::deviceplugin::KubeAccess::Config(
+                    cfg.kubernetes.kubeconfig.clone(),
+                )),
+            )
+        });
+        let reg = Registration {
+            name: cfg.plugin_name.clone(),
+            index: cfg.plugin_index.clone(),
+        };
+        let socket = cfg.nri_socket.clone();
+        tokio::select! {
+            _ = plugin::run_external(&socket, reg, node) => {}
+            _ = super::shutdown_signal() => tracing::info!("shutting down"),
+        }
+        if let Some(dp) = device_plugin {
+            dp.shutdown().await;
+        }
+        if let Some(c) = controller {
+            c.stop();
+        }
+        Ok(())
+    })
+}
+
+/// Starts the throttling controller for `node` when enabled, sampling from `backend`.
+fn start_controller(
+    cfg: &NodeConfig,
+    node: &Arc<Node>,
+    backend: Backend,
+) -> anyhow::Result<Option<Running>> {
+    if !cfg.throttle.enabled {
+        tracing::warn!("throttling controller disabled: quotas are not enforced");
+        return Ok(None);
+    }
+    let exe = std::env::current_exe().context("cannot find our own executable for the guardian")?;
+    let running = crate::throttle::controller::start(
+        &cfg.throttle,
+        node.registry.clone(),
+        backend.source,
+        Some(&exe),
+    )?;
+    node.attach_controller(running.stats.clone(), running.link.clone());
+    Ok(Some(running))
+}
+
+/// The pre-installed plugin: the runtime started us with no arguments, an empty environment
+/// and its socket on fd `fd`; the configuration arrives in `Configure`.
+pub fn run_preinstalled(fd: &str) -> anyhow::Result<()> {
+    let fd: i32 = fd
+        .parse()
+        .with_context(|| format!("NRI_PLUGIN_SOCKET {fd:?} is not a file descriptor number"))?;
+    // The runtime's socket must not leak into processes we start (the guardian): they would
+    // keep the connection open after we die.
+    // SAFETY: fcntl on an fd number only sets a flag.
+    unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
+    let name = std::env::var("NRI_PLUGIN_NAME").unwrap_or_else(|_| "gpushare".into());
+    let index = std::env::var("NRI_PLUGIN_IDX").unwrap_or_else(|_| "10".into());
+    super::logging::init(&Default::default())?;
+    let rt = super::runtime()?;
+    rt.block_on(async move {
+        let status_started = std::sync::Mutex::new(false);
+        let node = Arc::new_cyclic(|weak: &std::sync::Weak<Node>| {
+            let weak = weak.clone();
+            Node::awaiting_config(move |cfg: &NodeConfig, backend: Backend| {
+                super::logging::reconfigure(&cfg.log);
+                let mut started = status_started.lock().expect("status lock");
+                if !*started
+                    && let Some(node) = weak.upgrade()
+                {
+                    match start_controller(cfg, &node, backend) {
+                        // Runs for the life of the process; the guardian covers its end.
+                        Ok(running) => std::mem::forget(running),
+                        Err(e) => tracing::error!(error = %format!("{e:#}"), "cannot start the throttling controller"),
+                    }
+                }
+                if let (Some(addr), false, Some(node)) =
+                    (cfg.status_listen.clone(), *started, weak.upgrade())
+                {
+                    *started = true;
+                    tokio::spawn(async move {
+                        if let Err(e) = crate::status::serve(&addr, node).await {
+                            tracing::error!(error = %e, "status endpoint failed");
+                        }
+                    });
+                }
+            })
+        });
+        let reason = plugin::run_preinstalled(fd, Registration { name, index }, node).await?;
+        tracing::info!(%reason, "runtime closed the plugin connection; exiting");
+        Ok(())
+    })
+}

@@ -1,0 +1,100 @@
+//! `gpushare simulate`: replays cluster traces through the placement engine and reports how
+//! much GPU capacity each policy leaves unallocated (method: `bench/PACKING.md`).
+//!
+//! ```text
+//! gpushare simulate --nodes openb_node_list_gpu_node.csv \
+//!     --pods openb_pod_list_default.csv --policy gpushare,fgd,bestfit --seeds 10 [--json]
+//! ```
+//!
+//! Prints one table per trace (or, with `--json`, one JSON document per trace and line),
+//! writes `<out>/<trace>.json` (the same document, with the curves) and the plot
+//! `<out>/pack.png` (or `--plot FILE`).
+
+use std::path::PathBuf;
+
+use anyhow::Context as _;
+use clap::Args;
+
+use crate::simulate;
+
+#[derive(Args, Debug, Clone)]
+pub struct SimulateArgs {
+    /// Node list CSV (sn, cpu_milli, memory_mib, gpu, model).
+    #[arg(long)]
+    pub nodes: PathBuf,
+    /// Pod list CSV(s) (name, cpu_milli, memory_mib, num_gpu, gpu_milli, gpu_spec, …); one
+    /// trace each. Repeat the flag or separate with commas.
+    #[arg(long, required = true, value_delimiter = ',')]
+    pub pods: Vec<PathBuf>,
+    /// Policies to compare, comma-separated (gpushare, fgd, bestfit, binpack, spread).
+    #[arg(long, value_delimiter = ',', default_value = "gpushare,fgd,bestfit")]
+    pub policy: Vec<String>,
+    /// Number of seeds (runs per policy and trace).
+    #[arg(long, default_value_t = 10)]
+    pub seeds: u64,
+    /// First seed (the reference artifact used 42–51).
+    #[arg(long, default_value_t = 42)]
+    pub seed_base: u64,
+    /// Replay until the arrived GPU demand reaches this percent of capacity.
+    #[arg(long, default_value_t = 130)]
+    pub max_load: u32,
+    /// Share of pods the typical shapes cover (fgd, gpushare).
+    #[arg(long, default_value_t = 0.95)]
+    pub typical_coverage: f64,
+    /// Print JSON (one document per trace and line) instead of tables.
+    #[arg(long)]
+    pub json: bool,
+    /// Where `<trace>.json` files go.
+    #[arg(long, default_value = "target/bench/pack")]
+    pub out: PathBuf,
+    /// The PNG plot (unallocated % vs arrived load); default `<out>/pack.png`.
+    #[arg(long)]
+    pub plot: Option<PathBuf>,
+    /// Replays run in parallel (decision times are cleanest with 1).
+    #[arg(long, default_value_t = 1)]
+    pub jobs: usize,
+}
+
+/// The `simulate` subcommand.
+pub fn run(args: &SimulateArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(args.seeds > 0, "--seeds must be at least 1");
+    anyhow::ensure!(
+        (1..=1000).contains(&args.max_load),
+        "--max-load {} is not in [1, 1000]",
+        args.max_load
+    );
+    let seeds: Vec<u64> = (0..args.seeds).map(|i| args.seed_base + i).collect();
+    std::fs::create_dir_all(&args.out)
+        .with_context(|| format!("cannot create {}", args.out.display()))?;
+    let mut written = Vec::new();
+    let mut reports = Vec::new();
+    for pods in &args.pods {
+        let trace = simulate::load_trace(&args.nodes, pods, args.typical_coverage)?;
+        let report = simulate::run_trace(&trace, &args.policy, &seeds, args.max_load, args.jobs)?;
+        let doc = report.json();
+        let file = args.out.join(format!("{}.json", report.trace));
+        std::fs::write(&file, serde_json::to_string_pretty(&doc)? + "\n")
+            .with_context(|| format!("cannot write {}", file.display()))?;
+        if args.json {
+            println!("{}", serde_json::to_string(&doc)?);
+        } else {
+            println!("{}", report.table());
+        }
+        written.push(file.display().to_string());
+        reports.push(report);
+    }
+    let png = args
+        .plot
+        .clone()
+        .unwrap_or_else(|| args.out.join("pack.png"));
+    simulate::plot::write_png(&reports, &png)?;
+    written.push(png.display().to_string());
+    // With --json, stdout carries only the documents.
+    let hint = format!("wrote {}", written.join(", "));
+    if args.json {
+        eprintln!("{hint}");
+    } else {
+        println!("{hint}");
+    }
+    Ok(())
+}
