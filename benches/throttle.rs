@@ -91,6 +91,7 @@ use gpushare::throttle::controller::{self, MemoryAction, ThrottleConfig};
 use gpushare::throttle::source::SimSource;
 use gpushare_core::control::Policy;
 use gpushare_core::request::GpuGrant;
+use serde::Serialize;
 
 const ROOT: &str = "/sys/fs/cgroup";
 const HIERARCHIES: [&str; 3] = ["freezer", "cpuacct", "cpuset"];
@@ -1340,39 +1341,61 @@ fn print_table(rows: &[Row], overhead: &[Overhead]) {
     println!();
 }
 
-fn num(v: Option<f64>) -> String {
-    match v {
-        Some(x) if x.is_finite() => format!("{:.2}", x),
-        _ => "null".into(),
+/// A number of the JSON document: two decimals; `null` when not finite.
+fn num(x: f64) -> Option<f64> {
+    x.is_finite().then(|| (x * 100.0).round() / 100.0)
+}
+
+/// `throttle.json`, read by `bench/plot_throttle.py`.
+#[derive(Serialize)]
+struct Report<'a> {
+    cases: Vec<CaseResult<'a>>,
+    /// Controller CPU % of one core by managed containers, in the order measured.
+    controller_cpu_pct: CpuByContainers<'a>,
+}
+
+#[derive(Serialize)]
+struct CaseResult<'a> {
+    case: &'a str,
+    container: &'a str,
+    quota: Option<u32>,
+    achieved_median: Option<f64>,
+    achieved_p5: Option<f64>,
+    achieved_p95: Option<f64>,
+    settle_s: Option<f64>,
+}
+
+struct CpuByContainers<'a>(&'a [Overhead]);
+
+impl Serialize for CpuByContainers<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_map(self.0.iter().map(|o| (o.n.to_string(), num(o.cpu_pct))))
     }
 }
 
 fn to_json(rows: &[Row], overhead: &[Overhead]) -> String {
-    let cases: Vec<String> = rows
+    let cases = rows
         .iter()
         .map(|r| {
             let (m, p5, p95) = r.stats();
-            format!(
-                "{{\"case\":{},\"container\":{},\"quota\":{},\"achieved_median\":{},\"achieved_p5\":{},\"achieved_p95\":{},\"settle_s\":{}}}",
-                serde_json::to_string(r.case).unwrap(),
-                serde_json::to_string(&r.container).unwrap(),
-                r.quota.map_or("null".into(), |q| q.to_string()),
-                num(Some(m)),
-                num(Some(p5)),
-                num(Some(p95)),
-                num(r.settle),
-            )
+            CaseResult {
+                case: r.case,
+                container: &r.container,
+                quota: r.quota,
+                achieved_median: num(m),
+                achieved_p5: num(p5),
+                achieved_p95: num(p95),
+                settle_s: r.settle.and_then(num),
+            }
         })
         .collect();
-    let cpu: Vec<String> = overhead
-        .iter()
-        .map(|o| format!("\"{}\":{}", o.n, num(Some(o.cpu_pct))))
-        .collect();
-    format!(
-        "{{\"cases\":[\n{}\n],\n\"controller_cpu_pct\":{{{}}}}}\n",
-        cases.join(",\n"),
-        cpu.join(",")
-    )
+    let report = Report {
+        cases,
+        controller_cpu_pct: CpuByContainers(overhead),
+    };
+    let mut json = serde_json::to_string_pretty(&report).expect("serialize throttle.json");
+    json.push('\n');
+    json
 }
 
 // ---------------------------------------------------------------------------------------

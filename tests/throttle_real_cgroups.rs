@@ -2,14 +2,16 @@
 //! real busy processes and the production controller, sim sample source: quotas alone and
 //! under contention, burst, the memory action, and the guardian after SIGKILL.
 //! Needs root: in CI (CI=true) a missing root fails; elsewhere the tests skip and say so.
+//! The helpers shared with the cgroup layer's own tests live in `gpushare::throttle::fixture`.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use gpushare::registry::{ContainerRecord, ContainerState, Registry};
 use gpushare::throttle::controller::{self, MemoryAction, ThrottleConfig};
+use gpushare::throttle::fixture::{busy_process, enter, require_root};
 use gpushare::throttle::source::{SIM_MEMORY_FILE, SimSource};
 use gpushare_core::control::Policy;
 use gpushare_core::request::GpuGrant;
@@ -17,17 +19,6 @@ use gpushare_core::request::GpuGrant;
 /// The cases share the host's CPUs; run them one at a time.
 static SERIAL: Mutex<()> = Mutex::new(());
 const ROOT: &str = "/sys/fs/cgroup";
-
-fn have_root() -> bool {
-    if nix::unistd::geteuid().is_root() {
-        return true;
-    }
-    if std::env::var("CI").as_deref() == Ok("true") {
-        panic!("real-cgroup throttle tests need root in CI");
-    }
-    eprintln!("skipping: real-cgroup throttle tests need root");
-    false
-}
 
 /// A busy process in its own cgroup (freezer, cpuacct, cpuset pinned to one core).
 struct BusyCgroup {
@@ -59,17 +50,9 @@ impl BusyCgroup {
                 std::fs::write(dir.join("cpuset.cpus"), core.to_string()).unwrap();
             }
         }
-        let child = Command::new("sh")
-            .args(["-c", "while :; do :; done"])
-            .stdin(Stdio::null())
-            .spawn()
-            .unwrap();
+        let child = busy_process();
         for h in ["cpuset", "cpuacct", "freezer"] {
-            std::fs::write(
-                Path::new(ROOT).join(h).join(&rel).join("cgroup.procs"),
-                child.id().to_string(),
-            )
-            .unwrap();
+            enter(&Path::new(ROOT).join(h).join(&rel), child.id());
         }
         BusyCgroup { rel, child }
     }
@@ -174,7 +157,7 @@ fn within(got: f64, want: f64, points: f64) -> bool {
 #[test]
 fn real_cgroup_quota_holds_alone() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    if !have_root() {
+    if !require_root() {
         return;
     }
     for q in [10u32, 30, 70] {
@@ -212,7 +195,7 @@ fn real_cgroup_quota_holds_alone() {
 #[test]
 fn real_cgroup_contention_splits_30_70() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    if !have_root() {
+    if !require_root() {
         return;
     }
     let state = tempfile::tempdir().unwrap();
@@ -242,7 +225,7 @@ fn real_cgroup_contention_splits_30_70() {
 #[test]
 fn real_cgroup_burst_uses_idle_gpu_and_falls_back() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    if !have_root() {
+    if !require_root() {
         return;
     }
     let state = tempfile::tempdir().unwrap();
@@ -278,7 +261,7 @@ fn real_cgroup_burst_uses_idle_gpu_and_falls_back() {
 #[test]
 fn real_cgroup_memory_over_quota_is_killed() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    if !have_root() {
+    if !require_root() {
         return;
     }
     let state = tempfile::tempdir().unwrap();
@@ -308,7 +291,7 @@ fn real_cgroup_memory_over_quota_is_killed() {
 #[test]
 fn real_cgroup_guardian_thaws_after_sigkill() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    if !have_root() {
+    if !require_root() {
         return;
     }
     let state = tempfile::tempdir().unwrap();
@@ -318,7 +301,7 @@ fn real_cgroup_guardian_thaws_after_sigkill() {
         .join(&cg.rel)
         .join(controller::THROTTLED_CHILD);
     std::fs::create_dir_all(&child).unwrap();
-    std::fs::write(child.join("cgroup.procs"), cg.child.id().to_string()).unwrap();
+    enter(&child, cg.child.id());
     std::fs::write(child.join("freezer.state"), "FROZEN").unwrap();
     let list = state.path().join("guardian.list");
     std::fs::write(&list, format!("{}\n", child.display())).unwrap();

@@ -2,8 +2,12 @@
 //!
 //! In the style of youki's libcgroups: every operation goes through a path derived from an
 //! injectable root (`/sys/fs/cgroup` in production, a tempdir in tests), and every error
-//! names the path and the data involved. Nothing here ever creates a cgroup: files are opened
-//! for writing without `O_CREAT`, so a missing cgroup is an error naming its directory.
+//! names the path and the data involved. This layer makes every cgroupfs write of the
+//! throttle controller: freeze, thaw, moving processes (`cgroup.procs`) and creating the
+//! controller's [`THROTTLED_CHILD`]. That child is the only cgroup it ever creates
+//! ([`ContainerCgroup::create_throttled_child`], one `mkdir` below an existing container
+//! cgroup); files are opened for writing without `O_CREAT`, so a missing cgroup is an error
+//! naming its directory.
 //!
 //! Layout:
 //! - v1: the freezer directory is `root/freezer/<rel>`, the CPU accounting directory
@@ -50,6 +54,25 @@ pub enum CgroupError {
     },
     #[error("failed to parse {path}: unexpected content {data:?}")]
     Parse { path: PathBuf, data: String },
+    #[error("failed to create cgroup {path}: {err}")]
+    Create { path: PathBuf, err: io::Error },
+}
+
+/// The child cgroup the controller freezes, below a container's own cgroup: a frozen
+/// container cgroup makes the runtime refuse `exec` ("cannot exec in a paused container"),
+/// which would break `kubectl exec` and exec probes of every throttled pod. The workload's
+/// processes are moved into the child each period; processes started later by `exec` run
+/// until the next move and are throttled from then on.
+pub const THROTTLED_CHILD: &str = "gpushare-throttled";
+
+impl CgroupVersion {
+    /// The freezer's control file and what it takes to freeze and to thaw.
+    fn freezer_file(self) -> (&'static str, &'static str, &'static str) {
+        match self {
+            CgroupVersion::V1 => ("freezer.state", "FROZEN", "THAWED"),
+            CgroupVersion::V2 => ("cgroup.freeze", "1", "0"),
+        }
+    }
 }
 
 /// A cgroup filesystem mounted at `root`.
@@ -237,19 +260,14 @@ impl ContainerCgroup {
     /// Asks the kernel to freeze the cgroup; does not wait (see [`wait_frozen`](Self::wait_frozen)).
     /// v1: `FROZEN` to `freezer.state`; v2: `1` to `cgroup.freeze`.
     pub fn freeze(&self) -> Result<(), CgroupError> {
-        match self.version {
-            CgroupVersion::V1 => write_file(&self.freezer_dir, "freezer.state", "FROZEN"),
-            CgroupVersion::V2 => write_file(&self.freezer_dir, "cgroup.freeze", "1"),
-        }
+        let (file, frozen, _) = self.version.freezer_file();
+        write_file(&self.freezer_dir, file, frozen)
     }
 
     /// Thaws the cgroup (also from v1's transient `FREEZING`).
     /// v1: `THAWED` to `freezer.state`; v2: `0` to `cgroup.freeze`.
     pub fn thaw(&self) -> Result<(), CgroupError> {
-        match self.version {
-            CgroupVersion::V1 => write_file(&self.freezer_dir, "freezer.state", "THAWED"),
-            CgroupVersion::V2 => write_file(&self.freezer_dir, "cgroup.freeze", "0"),
-        }
+        thaw_at(self.version, &self.freezer_dir)
     }
 
     /// Whether the cgroup is frozen or being frozen. v1: `freezer.state` is `FROZEN` or
@@ -328,6 +346,55 @@ impl ContainerCgroup {
                 })
             })
             .collect()
+    }
+
+    /// Moves each of `pids` into this cgroup (one write of the PID to `cgroup.procs` of the
+    /// freezer directory each). A process that exits before its write (`ESRCH`) is skipped;
+    /// any other failure does not stop the others and the first one is returned once all
+    /// were tried. Ok: how many were moved.
+    pub fn move_pids(&self, pids: &[u32]) -> Result<usize, CgroupError> {
+        let mut moved = 0;
+        let mut first_err = None;
+        for pid in pids {
+            match write_file(&self.freezer_dir, "cgroup.procs", &pid.to_string()) {
+                Ok(()) => moved += 1,
+                Err(CgroupError::Write { err, .. }) if err.raw_os_error() == Some(libc::ESRCH) => {}
+                Err(err) => {
+                    first_err.get_or_insert(err);
+                }
+            }
+        }
+        first_err.map_or(Ok(moved), Err)
+    }
+
+    /// The controller's [`THROTTLED_CHILD`] of this cgroup (freezer and CPU accounting
+    /// directories one level down). Does not check that it exists.
+    pub fn throttled_child(&self) -> ContainerCgroup {
+        ContainerCgroup {
+            version: self.version,
+            rel: self.rel.join(THROTTLED_CHILD),
+            freezer_dir: self.freezer_dir.join(THROTTLED_CHILD),
+            cpu_dir: self.cpu_dir.join(THROTTLED_CHILD),
+        }
+    }
+
+    /// Creates the [`THROTTLED_CHILD`] in the freezer hierarchy (v1: `freezer/<rel>/…`; v2:
+    /// `<rel>/…`) — the only cgroup this layer ever creates — and returns it. One `mkdir`:
+    /// an existing child is fine, a missing container cgroup is [`CgroupError::NotFound`]
+    /// and nothing is created then.
+    pub fn create_throttled_child(&self) -> Result<ContainerCgroup, CgroupError> {
+        let child = self.throttled_child();
+        match fs::create_dir(&child.freezer_dir) {
+            Ok(()) => Ok(child),
+            Err(err) if err.kind() == io::ErrorKind::AlreadyExists => Ok(child),
+            Err(err) if err.kind() == io::ErrorKind::NotFound => Err(CgroupError::NotFound {
+                path: self.freezer_dir.clone(),
+            }),
+            Err(err) => Err(CgroupError::Create {
+                path: child.freezer_dir,
+                err,
+            }),
+        }
     }
 
     /// Whether the freezer directory exists.
@@ -421,34 +488,47 @@ pub fn thaw_all_below(fs: &CgroupFs, rel: &Path) -> Result<usize, CgroupError> {
 /// Thaws `dir` if it is frozen; Ok(true) if it wrote a thaw. A directory without the freezer
 /// file (v2 before kernel 5.2, or a non-cgroup directory in a test tree) is not frozen.
 fn thaw_if_frozen(version: CgroupVersion, dir: &Path) -> Result<bool, CgroupError> {
-    let read = |file| match read_file(dir, file) {
-        Err(CgroupError::Read { err, .. }) if err.kind() == io::ErrorKind::NotFound => Ok(None),
-        other => other.map(Some),
-    };
-    let (file, data) = match version {
-        CgroupVersion::V1 => {
-            let Some((_, state)) = read("freezer.state")? else {
-                return Ok(false);
-            };
-            if !matches!(state.trim(), "FROZEN" | "FREEZING") {
-                return Ok(false);
-            }
-            ("freezer.state", "THAWED")
+    let (file, _, _) = version.freezer_file();
+    let (path, state) = match read_file(dir, file) {
+        Ok(read) => read,
+        Err(CgroupError::Read { err, .. }) if err.kind() == io::ErrorKind::NotFound => {
+            return Ok(false);
         }
-        CgroupVersion::V2 => {
-            let Some((path, state)) = read("cgroup.freeze")? else {
-                return Ok(false);
-            };
-            match state.trim() {
-                "0" => return Ok(false),
-                "1" => {}
-                _ => return Err(CgroupError::Parse { path, data: state }),
-            }
-            ("cgroup.freeze", "0")
-        }
+        Err(err) => return Err(err),
     };
-    write_file(dir, file, data)?;
+    let frozen = match (version, state.trim()) {
+        (CgroupVersion::V1, s) => matches!(s, "FROZEN" | "FREEZING"),
+        (CgroupVersion::V2, "0") => false,
+        (CgroupVersion::V2, "1") => true,
+        (CgroupVersion::V2, _) => return Err(CgroupError::Parse { path, data: state }),
+    };
+    if frozen {
+        thaw_at(version, dir)?;
+    }
+    Ok(frozen)
+}
+
+/// Thaws the freezer cgroup at the absolute `dir`, its version told by its files
+/// (`freezer.state`: v1, `cgroup.freeze`: v2): for the guardian, which knows only the
+/// directories the controller may have frozen. The thaw is written whatever the state;
+/// Ok(true) when it was, Ok(false) when `dir` has neither file (the cgroup is gone, or v2
+/// without a freezer).
+pub fn thaw_dir(dir: &Path) -> Result<bool, CgroupError> {
+    let version = if dir.join("freezer.state").exists() {
+        CgroupVersion::V1
+    } else if dir.join("cgroup.freeze").exists() {
+        CgroupVersion::V2
+    } else {
+        return Ok(false);
+    };
+    thaw_at(version, dir)?;
     Ok(true)
+}
+
+/// The one thaw write: v1 `THAWED` to `freezer.state`, v2 `0` to `cgroup.freeze`.
+fn thaw_at(version: CgroupVersion, dir: &Path) -> Result<(), CgroupError> {
+    let (file, _, thawed) = version.freezer_file();
+    write_file(dir, file, thawed)
 }
 
 /// The value of `key` in a flat-keyed file (`key value` lines: `cpu.stat`, `cgroup.events`).
@@ -501,59 +581,26 @@ fn write_file(dir: &Path, file: &str, data: &str) -> Result<(), CgroupError> {
 mod tests {
     use super::*;
     use std::collections::HashMap;
-    use std::process::{Child, Command};
+    use std::process::Child;
 
     use proptest::prelude::*;
     use tempfile::TempDir;
 
+    use crate::throttle::fixture::{self, busy_process, enter, get, put, require_root};
     use crate::throttle::pidmap::PidMap;
 
     const REL: &str = "kubepods/burstable/pod1/abc";
     const NRI_PATH: &str = "/kubepods/burstable/pod1/abc";
 
-    fn put(path: &Path, content: &str) {
-        fs::create_dir_all(path.parent().unwrap()).unwrap();
-        fs::write(path, content).unwrap();
-    }
-
-    fn get(path: &Path) -> String {
-        fs::read_to_string(path).unwrap()
-    }
-
-    /// A tempdir laid out like a v1 cgroupfs, with `rels` as cgroups holding plain files.
     fn fake_v1(rels: &[&str]) -> (TempDir, CgroupFs) {
         let tmp = tempfile::tempdir().unwrap();
-        let root = tmp.path();
-        fs::create_dir_all(root.join("freezer")).unwrap();
-        fs::create_dir_all(root.join("cpuacct")).unwrap();
-        for rel in rels {
-            put(
-                &root.join("freezer").join(rel).join("freezer.state"),
-                "THAWED\n",
-            );
-            put(&root.join("freezer").join(rel).join("cgroup.procs"), "");
-            put(&root.join("cpuacct").join(rel).join("cpuacct.usage"), "0\n");
-        }
-        let fs = CgroupFs::new(root, CgroupVersion::V1);
+        let fs = fixture::fake_v1(tmp.path(), rels);
         (tmp, fs)
     }
 
-    /// A tempdir laid out like a v2 cgroupfs.
     fn fake_v2(rels: &[&str]) -> (TempDir, CgroupFs) {
         let tmp = tempfile::tempdir().unwrap();
-        let root = tmp.path();
-        put(&root.join("cgroup.controllers"), "cpu memory\n");
-        for rel in rels {
-            let dir = root.join(rel);
-            put(&dir.join("cgroup.freeze"), "0\n");
-            put(&dir.join("cgroup.events"), "populated 1\nfrozen 0\n");
-            put(&dir.join("cgroup.procs"), "");
-            put(
-                &dir.join("cpu.stat"),
-                "usage_usec 0\nuser_usec 0\nsystem_usec 0\n",
-            );
-        }
-        let fs = CgroupFs::new(root, CgroupVersion::V2);
+        let fs = fixture::fake_v2(tmp.path(), rels);
         (tmp, fs)
     }
 
@@ -813,6 +860,67 @@ mod tests {
     }
 
     #[test]
+    fn throttled_child_is_created_once_and_only_below_an_existing_cgroup() {
+        for (_t, fs) in [fake_v1(&[REL]), fake_v2(&[REL])] {
+            let cg = fs.container(NRI_PATH).unwrap();
+            let want = cg.freezer_dir().join(THROTTLED_CHILD);
+            assert_eq!(cg.throttled_child().freezer_dir(), want);
+            assert_eq!(
+                cg.throttled_child().relative(),
+                Path::new(REL).join(THROTTLED_CHILD)
+            );
+            assert!(!want.exists());
+            let child = cg.create_throttled_child().unwrap();
+            assert!(want.is_dir());
+            assert_eq!(child, cg.throttled_child());
+            // Again: the existing child is fine.
+            assert_eq!(cg.create_throttled_child().unwrap(), child);
+
+            let gone = fs.container("/kubepods/gone/abc").unwrap();
+            let err = gone.create_throttled_child().unwrap_err();
+            assert!(matches!(err, CgroupError::NotFound { .. }), "{err}");
+            assert!(err.to_string().contains("kubepods/gone/abc"), "{err}");
+            assert!(!fs.freezer_root().join("kubepods/gone").exists());
+        }
+    }
+
+    #[test]
+    fn move_pids_writes_each_pid_to_cgroup_procs() {
+        let (_t, fs) = fake_v1(&[REL]);
+        let cg = fs.container(REL).unwrap();
+        let child = cg.create_throttled_child().unwrap();
+        let procs = child.freezer_dir().join("cgroup.procs");
+        // A plain file stands in for cgroup.procs (O_CREAT is never used).
+        put(&procs, "");
+        assert_eq!(child.move_pids(&[41, 42]).unwrap(), 2);
+        assert_eq!(get(&procs), "42", "one write per PID, the last one stays");
+        assert_eq!(child.move_pids(&[]).unwrap(), 0);
+
+        fs::remove_file(&procs).unwrap();
+        let err = child.move_pids(&[7]).unwrap_err();
+        assert!(matches!(err, CgroupError::Write { .. }), "{err}");
+        let msg = err.to_string();
+        assert!(msg.contains('7') && msg.contains("cgroup.procs"), "{msg}");
+        assert!(!procs.exists());
+    }
+
+    #[test]
+    fn thaw_dir_tells_the_version_from_the_files() {
+        let (_t1, v1) = fake_v1(&[REL]);
+        let (_t2, v2) = fake_v2(&[REL]);
+        let d1 = v1.container(REL).unwrap().freezer_dir().to_path_buf();
+        let d2 = v2.container(REL).unwrap().freezer_dir().to_path_buf();
+        put(&d1.join("freezer.state"), "FROZEN\n");
+        put(&d2.join("cgroup.freeze"), "1\n");
+        assert!(thaw_dir(&d1).unwrap());
+        assert!(thaw_dir(&d2).unwrap());
+        assert_eq!(get(&d1.join("freezer.state")), "THAWED");
+        assert_eq!(get(&d2.join("cgroup.freeze")), "0");
+        assert!(!thaw_dir(&d1.join("nope")).unwrap());
+        assert!(!d1.join("nope").exists());
+    }
+
+    #[test]
     fn thaw_all_below_v1_tree() {
         let rels = [
             "kubepods",
@@ -900,17 +1008,6 @@ mod tests {
 
     // ---- Real hierarchy (root only) ----
 
-    fn require_root() -> bool {
-        if nix::unistd::geteuid().is_root() {
-            return true;
-        }
-        if std::env::var("CI").as_deref() == Ok("true") {
-            panic!("real cgroup test needs root (CI=true)");
-        }
-        eprintln!("skipping: needs root");
-        false
-    }
-
     /// Cleans up a real-cgroup test even when an assertion fails: thaws, kills the busy
     /// process, removes the cgroups (children first) and unmounts.
     #[derive(Default)]
@@ -965,19 +1062,11 @@ mod tests {
         }
     }
 
-    fn busy_process(guard: &mut RealGuard) -> u32 {
-        let child = Command::new("sh")
-            .args(["-c", "while :; do :; done"])
-            .spawn()
-            .unwrap();
+    fn start_busy(guard: &mut RealGuard) -> u32 {
+        let child = busy_process();
         let pid = child.id();
         guard.child = Some(child);
         pid
-    }
-
-    fn enter(dir: &Path, pid: u32) {
-        fs::write(dir.join("cgroup.procs"), pid.to_string())
-            .unwrap_or_else(|e| panic!("moving {pid} into {}: {e}", dir.display()));
     }
 
     fn growth_ns(cg: &ContainerCgroup, over: Duration) -> u64 {
@@ -1096,7 +1185,7 @@ mod tests {
         guard.mkdir(sub.clone());
         guard.thaw.insert(0, (sub.join("freezer.state"), "THAWED"));
         guard.mkdir(cpu.clone());
-        let pid = busy_process(&mut guard);
+        let pid = start_busy(&mut guard);
         enter(&freezer, pid);
         enter(&cpu, pid);
         exercise_real(&fs, &format!("/{name}"), pid, &sub);
@@ -1143,7 +1232,7 @@ mod tests {
         let sub = dir.join("sub");
         guard.mkdir(sub.clone());
         guard.thaw.insert(0, (sub.join("cgroup.freeze"), "0"));
-        let pid = busy_process(&mut guard);
+        let pid = start_busy(&mut guard);
         enter(&dir, pid);
         exercise_real(&fs, &name, pid, &sub);
     }

@@ -6,19 +6,60 @@
 //! or is removed is thawed and dropped at once; everything it froze is thawed when it stops,
 //! when it panics (a drop guard), and — through the guardian process — when the agent is
 //! killed outright.
+//!
+//! Every cgroupfs write goes through the cgroup layer ([`super::cgroup`]); time comes from an
+//! injected [`Clock`], so the membership and period logic is unit-tested on a fake cgroupfs
+//! with a fake clock.
 
 use std::collections::{BTreeMap, HashMap};
-use std::path::PathBuf;
+use std::io;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use super::cgroup::{CgroupFs, ContainerCgroup};
+pub use super::cgroup::THROTTLED_CHILD;
+use super::cgroup::{CgroupError, CgroupFs, ContainerCgroup};
 use super::source::{SampleSource, Tracked};
 use crate::registry::{ContainerState, Registry};
 use gpushare_core::control::{GpuLoop, Member, Params, Plan, Policy};
+
+/// Errors of starting the controller; each names the path it concerns.
+#[derive(Debug, thiserror::Error)]
+pub enum ControllerError {
+    #[error(transparent)]
+    Cgroup(#[from] CgroupError),
+    #[error("throttle state_dir {path}: {err}")]
+    StateDir { path: PathBuf, err: io::Error },
+    #[error("cannot write the guardian list {path}: {err}")]
+    GuardianList { path: PathBuf, err: io::Error },
+    #[error("cannot start the guardian {exe}: {err}")]
+    Guardian { exe: PathBuf, err: io::Error },
+    #[error("cannot start the controller thread: {err}")]
+    Thread { err: io::Error },
+}
+
+/// Where the controller's time comes from: the real clock, or a fake in tests.
+pub trait Clock: Send {
+    fn now(&self) -> Instant;
+    fn sleep(&self, d: Duration);
+}
+
+/// [`Instant::now`] and [`std::thread::sleep`].
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now(&self) -> Instant {
+        Instant::now()
+    }
+
+    fn sleep(&self, d: Duration) {
+        std::thread::sleep(d)
+    }
+}
 
 /// What to do when a container holds more GPU memory than its quota.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -116,37 +157,19 @@ impl ControllerLink {
     }
 }
 
-/// The controller freezes a child cgroup of the container's, not the container's own: a
-/// frozen container cgroup makes the runtime refuse `exec` ("cannot exec in a paused
-/// container"), which would break `kubectl exec` and exec probes of every throttled pod. The
-/// workload's processes are swept into the child each period; processes started later by
-/// `exec` run until the next sweep and are throttled from then on.
-pub const THROTTLED_CHILD: &str = "gpushare-throttled";
-
-/// The throttled child of the container cgroup at `cgroups_path`.
-pub fn throttled_child(
-    fs: &CgroupFs,
-    cgroups_path: &str,
-) -> Result<ContainerCgroup, super::cgroup::CgroupError> {
-    let rel = CgroupFs::relative_path(cgroups_path)?;
-    fs.container(&rel.join(THROTTLED_CHILD).to_string_lossy())
+/// The throttled child ([`THROTTLED_CHILD`], what the controller freezes) of the container
+/// cgroup at `cgroups_path`.
+pub fn throttled_child(fs: &CgroupFs, cgroups_path: &str) -> Result<ContainerCgroup, CgroupError> {
+    Ok(fs.container(cgroups_path)?.throttled_child())
 }
 
-/// Moves the processes of `parent` (all, or those in `only`) into `child`.
-fn sweep(parent: &ContainerCgroup, child: &ContainerCgroup, only: Option<&[u32]>) -> usize {
-    let Ok(pids) = parent.pids() else { return 0 };
-    let procs = child.freezer_dir().join("cgroup.procs");
-    let mut moved = 0;
-    for pid in pids {
-        if only.is_some_and(|o| !o.contains(&pid)) {
-            continue;
-        }
-        // A process may exit between the read and the write; that is fine.
-        if std::fs::write(&procs, pid.to_string()).is_ok() {
-            moved += 1;
-        }
+/// Moves the processes of `parent` into `child` (its workload into the throttled child).
+fn sweep(parent: &ContainerCgroup, child: &ContainerCgroup) {
+    let Ok(pids) = parent.pids() else { return };
+    // A process may exit between the read and the write; that is fine.
+    if let Err(e) = child.move_pids(&pids) {
+        tracing::debug!(cgroup = %child.freezer_dir().display(), error = %e, "cannot move a process into the throttled child");
     }
-    moved
 }
 
 struct Handle {
@@ -164,6 +187,7 @@ pub struct Controller {
     fs: CgroupFs,
     registry: Arc<Registry>,
     source: Box<dyn SampleSource>,
+    clock: Box<dyn Clock>,
     pub stats: Arc<ThrottleStats>,
     loops: BTreeMap<u32, GpuLoop>,
     handles: HashMap<String, Handle>,
@@ -208,6 +232,7 @@ impl Controller {
             fs,
             registry,
             source,
+            clock: Box::new(SystemClock),
             stats: Arc::new(ThrottleStats::default()),
             loops: BTreeMap::new(),
             handles: HashMap::new(),
@@ -225,6 +250,12 @@ impl Controller {
     /// Keeps the list of cgroups the controller may freeze in `path`, for the guardian.
     pub fn with_guardian_list(mut self, path: PathBuf) -> Self {
         self.guardian_list = Some(path);
+        self
+    }
+
+    /// Takes time from `clock` instead of the system's.
+    pub fn with_clock(mut self, clock: Box<dyn Clock>) -> Self {
+        self.clock = clock;
         self
     }
 
@@ -291,12 +322,15 @@ impl Controller {
             if self.handles.contains_key(id) {
                 continue;
             }
-            match (self.fs.container(path), throttled_child(&self.fs, path)) {
-                (Ok(cgroup), Ok(throttled)) if cgroup.exists() => {
-                    if let Err(e) = std::fs::create_dir_all(throttled.freezer_dir()) {
-                        tracing::warn!(container = %id, error = %e, "cannot create the throttled child cgroup");
-                        continue;
-                    }
+            match self.fs.container(path) {
+                Ok(cgroup) if cgroup.exists() => {
+                    let throttled = match cgroup.create_throttled_child() {
+                        Ok(throttled) => throttled,
+                        Err(e) => {
+                            tracing::warn!(container = %id, error = %e, "cannot create the throttled child cgroup");
+                            continue;
+                        }
+                    };
                     self.handles.insert(
                         id.clone(),
                         Handle {
@@ -309,14 +343,12 @@ impl Controller {
                     );
                     changed = true;
                 }
-                (Ok(_), Ok(_)) => {} // not created yet; next period
-                (Err(e), _) | (_, Err(e)) => {
-                    tracing::warn!(container = %id, error = %e, "cannot resolve cgroup")
-                }
+                Ok(_) => {} // not created yet; next period
+                Err(e) => tracing::warn!(container = %id, error = %e, "cannot resolve cgroup"),
             }
         }
-        if changed {
-            self.write_guardian_list();
+        if changed && let Err(e) = self.write_guardian_list() {
+            tracing::error!(error = %e, "cannot write the guardian list");
         }
         let params = self.params();
         let mut per_gpu: BTreeMap<u32, Vec<Member>> = BTreeMap::new();
@@ -337,9 +369,11 @@ impl Controller {
         }
     }
 
-    fn write_guardian_list(&self) {
+    /// Replaces the guardian list (controller state under `state_dir`, not cgroupfs) with the
+    /// throttled children of the tracked containers.
+    fn write_guardian_list(&self) -> Result<(), ControllerError> {
         let Some(path) = &self.guardian_list else {
-            return;
+            return Ok(());
         };
         let text: String = self
             .handles
@@ -347,9 +381,12 @@ impl Controller {
             .map(|h| format!("{}\n", h.throttled.freezer_dir().display()))
             .collect();
         let tmp = path.with_extension("tmp");
-        if let Err(e) = std::fs::write(&tmp, text).and_then(|_| std::fs::rename(&tmp, path)) {
-            tracing::error!(path = %path.display(), error = %e, "cannot write the guardian list");
-        }
+        std::fs::write(&tmp, text)
+            .and_then(|_| std::fs::rename(&tmp, path))
+            .map_err(|err| ControllerError::GuardianList {
+                path: path.clone(),
+                err,
+            })
     }
 
     fn set_frozen(&mut self, id: &str, frozen: bool, now: Instant) {
@@ -413,7 +450,8 @@ impl Controller {
             match self.cfg.memory_action {
                 MemoryAction::Kill => {
                     // A frozen process cannot die; let it run so SIGKILL lands.
-                    self.set_frozen(id, false, Instant::now());
+                    let now = self.clock.now();
+                    self.set_frozen(id, false, now);
                     for pid in &pids {
                         let _ = nix::sys::signal::kill(
                             nix::unistd::Pid::from_raw(*pid as i32),
@@ -451,7 +489,7 @@ impl Controller {
         let sweep_all = n.is_multiple_of(SWEEP_EVERY) || self.handles.len() != before;
         for (id, h) in &self.handles {
             if sweep_all || !idle(id, h.gpu) {
-                sweep(&h.cgroup, &h.throttled, None);
+                sweep(&h.cgroup, &h.throttled);
             }
         }
         let tracked: Vec<Tracked<'_>> = self
@@ -481,7 +519,8 @@ impl Controller {
             .values_mut()
             .map(|lp| lp.step(&sample.share))
             .collect();
-        *self.stats.loop_seconds.lock().expect("stats lock") = start.elapsed().as_secs_f64();
+        *self.stats.loop_seconds.lock().expect("stats lock") =
+            self.clock.now().duration_since(start).as_secs_f64();
 
         let mut boundaries: Vec<f64> = plans.iter().flat_map(Plan::boundaries).collect();
         boundaries.sort_by(f64::total_cmp);
@@ -489,13 +528,13 @@ impl Controller {
         let ids: Vec<String> = self.handles.keys().cloned().collect();
         for t in boundaries {
             let at = start + period.mul_f64(t);
-            if let Some(wait) = at.checked_duration_since(Instant::now()) {
-                std::thread::sleep(wait);
+            if let Some(wait) = at.checked_duration_since(self.clock.now()) {
+                self.clock.sleep(wait);
             }
             if stop.load(Ordering::Relaxed) {
                 return;
             }
-            let now = Instant::now();
+            let now = self.clock.now();
             // Thaw first, then freeze, so a hand-over between two containers never leaves
             // the GPU idle longer than needed.
             let mut freeze = vec![];
@@ -514,15 +553,15 @@ impl Controller {
             }
         }
         let end = start + period;
-        if let Some(wait) = end.checked_duration_since(Instant::now()) {
-            std::thread::sleep(wait);
+        if let Some(wait) = end.checked_duration_since(self.clock.now()) {
+            self.clock.sleep(wait);
         }
     }
 
     /// Runs until `stop` is set; thaws everything on the way out, including on panic.
     pub fn run(mut self, stop: Arc<AtomicBool>) {
         let period = Duration::from_millis(self.cfg.period_ms.max(10));
-        let mut next = Instant::now();
+        let mut next = self.clock.now();
         while !stop.load(Ordering::Relaxed) {
             let start = next;
             let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -533,7 +572,7 @@ impl Controller {
                 let _guard = ThawOnDrop(&mut self.handles);
             }
             // Periods are back to back; after a stall, start afresh rather than catch up.
-            next = (start + period).max(Instant::now());
+            next = (start + period).max(self.clock.now());
         }
         let _guard = ThawOnDrop(&mut self.handles);
         tracing::info!("controller stopped; all containers thawed");
@@ -564,21 +603,29 @@ pub fn start(
     cfg: &ThrottleConfig,
     registry: Arc<Registry>,
     source: Box<dyn SampleSource>,
-    guardian_exe: Option<&std::path::Path>,
-) -> anyhow::Result<Running> {
+    guardian_exe: Option<&Path>,
+) -> Result<Running, ControllerError> {
     let fs = CgroupFs::detect(&cfg.cgroup_root)?;
-    std::fs::create_dir_all(&cfg.state_dir)
-        .map_err(|e| anyhow::anyhow!("throttle state_dir {}: {e}", cfg.state_dir.display()))?;
+    std::fs::create_dir_all(&cfg.state_dir).map_err(|err| ControllerError::StateDir {
+        path: cfg.state_dir.clone(),
+        err,
+    })?;
     let list = cfg.state_dir.join("guardian.list");
     let thawed = super::guardian::thaw_listed(&list);
     if thawed > 0 {
         tracing::warn!(thawed, "thawed cgroups an earlier agent left frozen");
     }
     let _ = std::fs::remove_file(&list);
-    let guardian = match guardian_exe {
-        Some(exe) => Some(super::guardian::spawn(exe, &list)?),
-        None => None,
-    };
+    let guardian =
+        match guardian_exe {
+            Some(exe) => Some(super::guardian::spawn(exe, &list).map_err(|err| {
+                ControllerError::Guardian {
+                    exe: exe.to_path_buf(),
+                    err,
+                }
+            })?),
+            None => None,
+        };
     let controller = Controller::new(cfg.clone(), fs, registry, source).with_guardian_list(list);
     let stats = controller.stats.clone();
     let link = controller.link();
@@ -586,7 +633,8 @@ pub fn start(
     let s = stop.clone();
     let thread = std::thread::Builder::new()
         .name("gpushare-throttle".into())
-        .spawn(move || controller.run(s))?;
+        .spawn(move || controller.run(s))
+        .map_err(|err| ControllerError::Thread { err })?;
     tracing::info!(policy = ?cfg.policy, period_ms = cfg.period_ms, cgroups = %cfg.cgroup_root.display(), "throttling controller running");
     Ok(Running {
         stop,
@@ -595,4 +643,398 @@ pub fn start(
         link,
         _guardian: guardian,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    //! The membership and period logic on a tempdir laid out like cgroupfs, with a fake
+    //! sample source and a fake clock (no root, no real time).
+
+    use super::*;
+    use crate::registry::ContainerRecord;
+    use crate::throttle::cgroup::CgroupVersion;
+    use crate::throttle::fixture::{add_fake_cgroup, fake_v1, fake_v2, get, put};
+    use crate::throttle::source::Sample;
+    use gpushare_core::request::GpuGrant;
+
+    const PERIOD: Duration = Duration::from_millis(100);
+
+    /// Time that moves only when the controller sleeps; `on_sleep` sees each sleep's number
+    /// (from 1), after the time moved.
+    struct FakeClock {
+        now: Arc<Mutex<Instant>>,
+        sleeps: Arc<Mutex<usize>>,
+        on_sleep: Box<dyn Fn(usize) + Send>,
+    }
+
+    impl Clock for FakeClock {
+        fn now(&self) -> Instant {
+            *self.now.lock().unwrap()
+        }
+
+        fn sleep(&self, d: Duration) {
+            *self.now.lock().unwrap() += d;
+            let n = {
+                let mut sleeps = self.sleeps.lock().unwrap();
+                *sleeps += 1;
+                *sleeps
+            };
+            (self.on_sleep)(n);
+        }
+    }
+
+    /// Reports the shares it is told, for the containers it is asked about, and records who
+    /// was asked each round.
+    #[derive(Clone, Default)]
+    struct FakeSource {
+        share: Arc<Mutex<HashMap<String, f64>>>,
+        memory: Arc<Mutex<HashMap<String, u64>>>,
+        asked: Arc<Mutex<Vec<Vec<String>>>>,
+    }
+
+    impl SampleSource for FakeSource {
+        fn sample(&mut self, tracked: &[Tracked<'_>]) -> Sample {
+            let share = self.share.lock().unwrap();
+            let mut ids: Vec<String> = tracked.iter().map(|t| t.id.to_string()).collect();
+            ids.sort();
+            let mut out = Sample::default();
+            for id in &ids {
+                if let Some(s) = share.get(id) {
+                    out.share.insert(id.clone(), *s);
+                }
+                if let Some(m) = self.memory.lock().unwrap().get(id) {
+                    out.memory_bytes.insert(id.clone(), *m);
+                }
+            }
+            self.asked.lock().unwrap().push(ids);
+            out
+        }
+    }
+
+    struct Harness {
+        tmp: tempfile::TempDir,
+        fs: CgroupFs,
+        registry: Arc<Registry>,
+        source: FakeSource,
+        now: Arc<Mutex<Instant>>,
+        ctl: Controller,
+    }
+
+    impl Harness {
+        /// A controller (hard policy) over a fake cgroupfs of `version` with cgroups `rels`
+        /// and their throttled children (as the kernel would populate them once the
+        /// controller creates them), keeping its guardian list in the tempdir.
+        fn new(version: CgroupVersion, rels: &[&str]) -> Harness {
+            Self::with_clock(version, rels, |_| {})
+        }
+
+        fn with_clock(
+            version: CgroupVersion,
+            rels: &[&str],
+            on_sleep: impl Fn(usize) + Send + 'static,
+        ) -> Harness {
+            let tmp = tempfile::tempdir().unwrap();
+            let root = tmp.path().join("cgroup");
+            let fs = match version {
+                CgroupVersion::V1 => fake_v1(&root, rels),
+                CgroupVersion::V2 => fake_v2(&root, rels),
+            };
+            for rel in rels {
+                add_fake_cgroup(&fs, &format!("{rel}/{THROTTLED_CHILD}"));
+            }
+            let registry = Arc::new(Registry::new());
+            let source = FakeSource::default();
+            let now = Arc::new(Mutex::new(Instant::now()));
+            let clock = FakeClock {
+                now: now.clone(),
+                sleeps: Arc::default(),
+                on_sleep: Box::new(on_sleep),
+            };
+            let cfg = ThrottleConfig {
+                cgroup_root: root,
+                state_dir: tmp.path().to_path_buf(),
+                ..ThrottleConfig::default()
+            };
+            let ctl = Controller::new(cfg, fs.clone(), registry.clone(), Box::new(source.clone()))
+                .with_guardian_list(tmp.path().join("guardian.list"))
+                .with_clock(Box::new(clock));
+            Harness {
+                tmp,
+                fs,
+                registry,
+                source,
+                now,
+                ctl,
+            }
+        }
+
+        /// Registers container `id` in cgroup `/<rel>` on `gpu` with `quota` % of it,
+        /// using `share` of it.
+        fn add(&self, id: &str, rel: &str, gpu: u32, quota: Option<u32>, share: f64) {
+            self.registry.upsert(ContainerRecord {
+                id: id.into(),
+                pod_namespace: "ns".into(),
+                pod_name: format!("pod-{id}"),
+                pod_uid: format!("uid-{id}"),
+                container_name: "main".into(),
+                cgroups_path: format!("/{rel}"),
+                pid: 1,
+                state: ContainerState::Running,
+                gpus: vec![GpuGrant {
+                    index: gpu,
+                    uuid: format!("GPU-{gpu}"),
+                    minor: gpu,
+                    memory_mib: 1024,
+                    gpu_memory_mib: 15360,
+                    core_percent: quota,
+                }],
+            });
+            self.source
+                .share
+                .lock()
+                .unwrap()
+                .insert(id.to_string(), share);
+        }
+
+        /// Runs `n` periods back to back, as [`Controller::run`] does.
+        fn periods(&mut self, n: usize) {
+            for _ in 0..n {
+                let start = *self.now.lock().unwrap();
+                self.ctl.period(start, PERIOD, &AtomicBool::new(false));
+            }
+        }
+
+        fn cgroup(&self, rel: &str) -> ContainerCgroup {
+            self.fs.container(rel).unwrap()
+        }
+
+        /// The freezer file of the throttled child of `rel`.
+        fn child_freezer(&self, rel: &str) -> String {
+            get(&freezer_file(&self.cgroup(rel).throttled_child()))
+        }
+
+        fn stats(&self, id: &str) -> Option<ContainerStats> {
+            self.ctl.stats.containers.lock().unwrap().get(id).cloned()
+        }
+
+        fn guardian_list(&self) -> String {
+            get(&self.tmp.path().join("guardian.list"))
+        }
+    }
+
+    const A: &str = "kubepods/pod1/a";
+    const B: &str = "kubepods/pod2/b";
+
+    /// The freezer file of `cg` (v1 `freezer.state`, v2 `cgroup.freeze`).
+    fn freezer_file(cg: &ContainerCgroup) -> PathBuf {
+        let file = match cg.freezer_dir().join("freezer.state").exists() {
+            true => "freezer.state",
+            false => "cgroup.freeze",
+        };
+        cg.freezer_dir().join(file)
+    }
+
+    /// What the fake freezer file holds when frozen and thawed, per version.
+    fn states(version: CgroupVersion) -> (&'static str, &'static str) {
+        match version {
+            CgroupVersion::V1 => ("FROZEN", "THAWED"),
+            CgroupVersion::V2 => ("1", "0"),
+        }
+    }
+
+    #[test]
+    fn registered_container_gets_its_throttled_child_and_its_processes() {
+        for version in [CgroupVersion::V1, CgroupVersion::V2] {
+            let (frozen, thawed) = states(version);
+            let mut h = Harness::new(version, &[]);
+            // Registered before its cgroup exists: nothing is created, it waits.
+            h.add("a", A, 0, Some(50), 0.5);
+            h.periods(1);
+            assert!(!h.fs.freezer_root().join("kubepods").exists());
+            assert!(h.stats("a").is_some(), "a registered container has stats");
+
+            add_fake_cgroup(&h.fs, A);
+            put(&h.cgroup(A).freezer_dir().join("cgroup.procs"), "4242\n");
+            let child = h.cgroup(A).throttled_child();
+            h.periods(1);
+            assert!(child.freezer_dir().is_dir(), "{version:?}: child created");
+            assert_eq!(
+                h.guardian_list(),
+                format!("{}\n", child.freezer_dir().display())
+            );
+            // The kernel populates the new cgroup; from then on the container's processes
+            // are moved into it and it is frozen out of its window.
+            add_fake_cgroup(&h.fs, &format!("{A}/{THROTTLED_CHILD}"));
+            h.periods(1);
+            assert_eq!(get(&child.freezer_dir().join("cgroup.procs")), "4242");
+            assert_eq!(h.child_freezer(A), frozen);
+            // The container's own cgroup is never frozen (exec keeps working).
+            assert_eq!(get(&freezer_file(&h.cgroup(A))), format!("{thawed}\n"));
+        }
+    }
+
+    #[test]
+    fn capped_container_is_frozen_and_thawed_per_the_plan() {
+        for version in [CgroupVersion::V1, CgroupVersion::V2] {
+            let (frozen, thawed) = states(version);
+            let mut h = Harness::new(version, &[A]);
+            h.add("a", A, 0, Some(30), 0.3);
+            let t0 = *h.now.lock().unwrap();
+            h.periods(1);
+            // Thawed in [0, 30 ms), frozen for the rest of the period.
+            assert_eq!(h.child_freezer(A), frozen, "{version:?}");
+            assert_eq!(*h.now.lock().unwrap() - t0, PERIOD);
+            assert_eq!(h.stats("a").unwrap().freezes, 1);
+            h.periods(1);
+            assert_eq!(h.child_freezer(A), frozen);
+            let s = h.stats("a").unwrap();
+            assert_eq!(s.freezes, 2);
+            // Frozen from 30 ms to the next period's start.
+            assert!((s.throttled_seconds - 0.07).abs() < 1e-6, "{s:?}");
+            assert_eq!((s.quota_percent, s.utilization), (Some(30), 0.3));
+
+            // An uncapped container is never frozen.
+            let mut h = Harness::new(version, &[A]);
+            h.add("a", A, 0, None, 1.0);
+            h.periods(3);
+            assert_eq!(h.child_freezer(A).trim(), thawed);
+            assert_eq!(h.stats("a").unwrap().freezes, 0);
+        }
+    }
+
+    #[test]
+    fn unregistered_or_released_container_is_thawed_and_dropped() {
+        for version in [CgroupVersion::V1, CgroupVersion::V2] {
+            let (frozen, thawed) = states(version);
+            let mut h = Harness::new(version, &[A, B]);
+            h.add("a", A, 0, Some(30), 0.3);
+            h.add("b", B, 1, Some(30), 0.3);
+            h.periods(1);
+            assert_eq!(h.child_freezer(A), frozen);
+            assert_eq!(h.child_freezer(B), frozen);
+
+            h.registry.remove("a");
+            h.periods(1);
+            assert_eq!(h.child_freezer(A), thawed, "{version:?}");
+            assert!(h.stats("a").is_none());
+            let b_child = h.cgroup(B).throttled_child();
+            assert_eq!(
+                h.guardian_list(),
+                format!("{}\n", b_child.freezer_dir().display())
+            );
+
+            // Released by the NRI handler (stopping): thawed at once, never frozen again.
+            h.ctl.link().release("b", &format!("/{B}"));
+            assert_eq!(h.child_freezer(B), thawed);
+            h.periods(2);
+            assert_eq!(h.child_freezer(B), thawed);
+            assert!(h.stats("b").is_none());
+            assert_eq!(h.guardian_list(), "");
+        }
+    }
+
+    #[test]
+    fn idle_container_is_left_thawed_sampled_and_swept_less_often() {
+        let (frozen, thawed) = states(CgroupVersion::V1);
+        let mut h = Harness::new(CgroupVersion::V1, &[A]);
+        h.add("a", A, 0, Some(30), 0.0);
+        let procs = h.cgroup(A).freezer_dir().join("cgroup.procs");
+        let child_procs = h
+            .cgroup(A)
+            .throttled_child()
+            .freezer_dir()
+            .join("cgroup.procs");
+        put(&procs, "11\n");
+        // New containers count as busy: held to the quota until three low samples.
+        h.periods(2);
+        assert_eq!(h.child_freezer(A), frozen);
+        h.periods(1);
+        assert_eq!(h.child_freezer(A), thawed, "idle: left thawed");
+        assert_eq!(h.stats("a").unwrap().freezes, 2);
+        // Periods 0-2 sampled it; idle, it is sampled every IDLE_SAMPLE_EVERY periods
+        // and swept every SWEEP_EVERY periods.
+        put(&procs, "22\n");
+        h.periods(7);
+        let asked: Vec<usize> = h
+            .source
+            .asked
+            .lock()
+            .unwrap()
+            .iter()
+            .map(Vec::len)
+            .collect();
+        assert_eq!(asked, [1, 1, 1, 0, 0, 1, 0, 0, 0, 0]);
+        assert_eq!(get(&child_procs), "11", "not swept since period 0");
+        h.periods(1);
+        assert_eq!(get(&child_procs), "22", "swept in period 10");
+        assert_eq!(h.child_freezer(A), thawed);
+        assert_eq!(h.stats("a").unwrap().freezes, 2);
+    }
+
+    #[test]
+    fn stop_thaws_everything_it_froze() {
+        for version in [CgroupVersion::V1, CgroupVersion::V2] {
+            let (frozen, thawed) = states(version);
+            let stop = Arc::new(AtomicBool::new(false));
+            // The children's freezer files, and what they held when the stop came.
+            let files = Arc::new(Mutex::new(Vec::<PathBuf>::new()));
+            let seen = Arc::new(Mutex::new(Vec::<String>::new()));
+            let (stop_in, files_in, seen_in) = (stop.clone(), files.clone(), seen.clone());
+            let h = Harness::with_clock(version, &[A, B], move |n| {
+                // Each period sleeps to its start, to the ends of the two windows (30 and
+                // 40 ms) and to its end: stop at the end of the second, both frozen.
+                if n == 8 {
+                    *seen_in.lock().unwrap() =
+                        files_in.lock().unwrap().iter().map(|f| get(f)).collect();
+                    stop_in.store(true, Ordering::Relaxed);
+                }
+            });
+            *files.lock().unwrap() = [A, B]
+                .map(|rel| freezer_file(&h.cgroup(rel).throttled_child()))
+                .to_vec();
+            h.add("a", A, 0, Some(30), 0.3);
+            h.add("b", B, 1, Some(40), 0.4);
+            let stats = h.ctl.stats.clone();
+            h.ctl.run(stop);
+            assert_eq!(*seen.lock().unwrap(), [frozen, frozen], "{version:?}");
+            for file in files.lock().unwrap().iter() {
+                assert_eq!(get(file), thawed, "{version:?}");
+            }
+            let stats = stats.containers.lock().unwrap();
+            assert_eq!((stats["a"].freezes, stats["b"].freezes), (2, 2));
+        }
+    }
+
+    #[test]
+    fn memory_over_quota_is_reported_and_counted() {
+        let mut h = Harness::new(CgroupVersion::V2, &[A]);
+        h.ctl.cfg.memory_action = MemoryAction::Report;
+        h.add("a", A, 0, None, 0.5);
+        h.source
+            .memory
+            .lock()
+            .unwrap()
+            .insert("a".into(), 512 << 20);
+        h.periods(1);
+        let s = h.stats("a").unwrap();
+        assert_eq!(s.pod, "ns/pod-a");
+        assert_eq!(
+            (s.memory_limit_bytes, s.memory_used_bytes),
+            (1024 << 20, 512 << 20)
+        );
+        assert_eq!(s.memory_actions, 0);
+        h.source
+            .memory
+            .lock()
+            .unwrap()
+            .insert("a".into(), 2048 << 20);
+        h.periods(2);
+        let s = h.stats("a").unwrap();
+        assert_eq!((s.memory_used_bytes, s.memory_actions), (2048 << 20, 2));
+        assert_eq!(
+            h.child_freezer(A).trim(),
+            "0",
+            "report only: nothing frozen"
+        );
+    }
 }

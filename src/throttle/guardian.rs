@@ -8,30 +8,24 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
-/// Thaws the freezer cgroup at `dir`, v1 (`freezer.state`) or v2 (`cgroup.freeze`).
-/// A cgroup that no longer exists is fine (nothing to thaw).
-pub fn thaw_dir(dir: &Path) -> std::io::Result<bool> {
-    let v1 = dir.join("freezer.state");
-    let v2 = dir.join("cgroup.freeze");
-    let (file, value) = if v1.exists() {
-        (v1, "THAWED")
-    } else if v2.exists() {
-        (v2, "0")
-    } else {
-        return Ok(false);
-    };
-    std::fs::write(file, value)?;
-    Ok(true)
-}
+use super::cgroup::thaw_dir;
 
-/// Thaws every directory listed (one per line) in `list`. Returns how many it thawed.
+/// Thaws every directory listed (one per line) in `list`, through the cgroup layer's
+/// [`thaw_dir`]. Returns how many it thawed.
 pub fn thaw_listed(list: &Path) -> usize {
     let Ok(text) = std::fs::read_to_string(list) else {
         return 0;
     };
     text.lines()
-        .filter(|l| !l.trim().is_empty())
-        .filter(|l| thaw_dir(Path::new(l.trim())).unwrap_or(false))
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .filter(|l| match thaw_dir(Path::new(l)) {
+            Ok(thawed) => thawed,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot thaw a cgroup from the guardian list");
+                false
+            }
+        })
         .count()
 }
 
@@ -83,31 +77,23 @@ pub struct Guardian {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::throttle::fixture::{get, put};
 
     #[test]
     fn thaws_v1_and_v2_dirs_from_the_list() {
         let dir = tempfile::tempdir().unwrap();
         let v1 = dir.path().join("v1");
         let v2 = dir.path().join("v2");
-        std::fs::create_dir_all(&v1).unwrap();
-        std::fs::create_dir_all(&v2).unwrap();
-        std::fs::write(v1.join("freezer.state"), "FROZEN").unwrap();
-        std::fs::write(v2.join("cgroup.freeze"), "1").unwrap();
+        put(&v1.join("freezer.state"), "FROZEN");
+        put(&v2.join("cgroup.freeze"), "1");
         let list = dir.path().join("list");
-        std::fs::write(
+        put(
             &list,
-            format!("{}\n{}\n/nonexistent/x\n", v1.display(), v2.display()),
-        )
-        .unwrap();
+            &format!("{}\n{}\n/nonexistent/x\n", v1.display(), v2.display()),
+        );
         assert_eq!(thaw_listed(&list), 2);
-        assert_eq!(
-            std::fs::read_to_string(v1.join("freezer.state")).unwrap(),
-            "THAWED"
-        );
-        assert_eq!(
-            std::fs::read_to_string(v2.join("cgroup.freeze")).unwrap(),
-            "0"
-        );
+        assert_eq!(get(&v1.join("freezer.state")), "THAWED");
+        assert_eq!(get(&v2.join("cgroup.freeze")), "0");
         assert_eq!(thaw_listed(&dir.path().join("missing")), 0);
     }
 }

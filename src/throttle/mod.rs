@@ -1,15 +1,19 @@
 //! The throttling controller: holds each GPU container to its compute and memory quota from
 //! outside the container, on its cgroup, in a closed loop.
 //!
-//! - [`cgroup`]: freeze/thaw and CPU accounting on cgroup v1 and v2 (injectable root);
+//! - [`cgroup`]: every cgroupfs write — freeze/thaw, moving processes, the throttled child —
+//!   and CPU accounting, on cgroup v1 and v2 (injectable root);
 //! - [`pidmap`]: host PID → container through `/proc/PID/cgroup`;
 //! - the per-GPU control law itself is pure and lives in `gpushare_core::control`;
 //! - [`source`]: sample sources (sim; NVML);
 //! - [`controller`]: the thread that samples, plans and freezes/thaws;
-//! - [`guardian`]: thaws everything when the agent dies, SIGKILL included.
+//! - [`guardian`]: thaws everything when the agent dies, SIGKILL included;
+//! - `fixture`: fakes and helpers shared by the unit and real-cgroup tests.
 
 pub mod cgroup;
 pub mod controller;
+#[doc(hidden)]
+pub mod fixture;
 pub mod guardian;
 pub mod pidmap;
 pub mod source;
