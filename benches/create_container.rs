@@ -24,7 +24,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use gpushare::config::LogConfig;
-use gpushare::node::{Node, NodeState, SimNode};
+use gpushare::node::{AgentState, Node, SimNode};
 use gpushare::nri::api::nri_api::*;
 use gpushare::nri::plugin::{Registration, serve_connection};
 use gpushare::nri::runtime_side::RuntimeSide;
@@ -37,13 +37,13 @@ const WARMUP: usize = 1_000;
 
 /// The node of `tests/nri_session.rs`; with `sim_dir`, the sim backend's extra work too
 /// (a declaration directory per GPU container, a CPU pin and a bind mount).
-fn node_state(sim_dir: Option<&Path>) -> NodeState {
-    NodeState {
+fn node_state(sim_dir: Option<&Path>) -> AgentState {
+    AgentState {
         sim: sim_dir.map(|dir| SimNode {
             dir: dir.to_path_buf(),
             ncpu: 2,
         }),
-        ..NodeState::in_memory("bench-node")
+        ..AgentState::in_memory("bench-node")
     }
 }
 

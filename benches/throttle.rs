@@ -89,8 +89,8 @@ use std::time::{Duration, Instant};
 use gpushare::registry::{ContainerRecord, ContainerState, Registry};
 use gpushare::throttle::controller::{self, MemoryAction, ThrottleConfig};
 use gpushare::throttle::source::SimSource;
-use gpushare_core::control::Policy;
-use gpushare_core::request::GpuGrant;
+use gpushare_core::control::ComputePolicy;
+use gpushare_core::request::AssignedGpu;
 use serde::Serialize;
 
 const ROOT: &str = "/sys/fs/cgroup";
@@ -571,7 +571,7 @@ impl Ctr {
             cgroups_path: format!("/{}", self.rel),
             pid: self.child.as_ref().map_or(0, Child::id),
             state: ContainerState::Running,
-            gpus: vec![GpuGrant {
+            gpus: vec![AssignedGpu {
                 index: self.gpu,
                 uuid: format!("GPU-sim-{}", self.gpu),
                 minor: self.gpu,
@@ -848,7 +848,7 @@ impl Bench {
         }
     }
 
-    fn controller(&self, name: &str, registry: &Arc<Registry>, policy: Policy) -> Ctl {
+    fn controller(&self, name: &str, registry: &Arc<Registry>, policy: ComputePolicy) -> Ctl {
         let state = self.state.path().join(name);
         let cfg = ThrottleConfig {
             enabled: true,
@@ -902,7 +902,7 @@ impl Bench {
     fn reference(&self, name: &str) -> Reference {
         let mut c = self.container(name, self.gpu);
         let registry = Arc::new(Registry::new());
-        let ctl = self.controller(name, &registry, Policy::Hard);
+        let ctl = self.controller(name, &registry, ComputePolicy::Hard);
         std::thread::sleep(Duration::from_millis(300));
         let t0 = self.bring_up(&registry, &mut [&mut c], &[None]);
         let series = record(&[c.counter()], t0, R0_RUN).remove(0);
@@ -921,7 +921,7 @@ impl Bench {
     fn alone(&self, name: &str, q: u32, window: f64) -> AloneRun {
         let mut c = self.container(name, self.gpu);
         let registry = Arc::new(Registry::new());
-        let ctl = self.controller(name, &registry, Policy::Hard);
+        let ctl = self.controller(name, &registry, ComputePolicy::Hard);
         std::thread::sleep(Duration::from_millis(300));
         let t0 = self.bring_up(&registry, &mut [&mut c], &[Some(q)]);
         let end = SETTLE_ALLOWANCE + window;
@@ -951,7 +951,7 @@ impl Bench {
             .map(|n| self.container(&format!("{set}-{n}"), self.gpu))
             .collect();
         let registry = Arc::new(Registry::new());
-        let ctl = self.controller(set, &registry, Policy::Hard);
+        let ctl = self.controller(set, &registry, ComputePolicy::Hard);
         std::thread::sleep(Duration::from_millis(300));
         let t0 = self.bring_up(&registry, &mut ctrs.iter_mut().collect::<Vec<_>>(), quotas);
         let end = SETTLE_ALLOWANCE + window;
@@ -984,7 +984,7 @@ impl Bench {
         let mut a = self.container("burst-a", self.gpu);
         let mut b = self.container("burst-b", self.gpu);
         let registry = Arc::new(Registry::new());
-        let ctl = self.controller("burst", &registry, Policy::Burst);
+        let ctl = self.controller("burst", &registry, ComputePolicy::Burst);
         std::thread::sleep(Duration::from_millis(300));
         let t0 = self.bring_up(&registry, &mut [&mut a], &[Some(30)]);
         let alone = record(&[a.counter()], t0, BURST_ALONE).remove(0);
@@ -1010,7 +1010,7 @@ impl Bench {
         for c in &ctrs {
             registry.upsert(c.record(Some(10)));
         }
-        let ctl = self.controller(&format!("overhead{n}"), &registry, Policy::Hard);
+        let ctl = self.controller(&format!("overhead{n}"), &registry, ComputePolicy::Hard);
         std::thread::sleep(Duration::from_secs(2));
         let tid = controller_tid().expect("controller thread");
         let (t0, s0, n0) = (Instant::now(), thread_cpu(tid), thread_schedstat(tid));

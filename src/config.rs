@@ -85,7 +85,7 @@ pub struct NodeConfig {
     pub enforcement: Enforcement,
     /// enforcement mps: one pipe directory per GPU index below this.
     pub mps_pipe_root: PathBuf,
-    /// Refuse assigned containers that kubelet granted nothing (see `RequestPolicy`).
+    /// Refuse assigned containers that kubelet granted nothing (see `RequestRules`).
     pub require_grant: bool,
     /// `host:port` of the status endpoint (`/healthz`, `/registry`, `/metrics`); off when unset.
     pub status_listen: Option<String>,

@@ -7,7 +7,7 @@ use std::sync::RwLock;
 
 use serde::Serialize;
 
-use gpushare_core::request::GpuGrant;
+use gpushare_core::request::AssignedGpu;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -31,7 +31,7 @@ pub struct ContainerRecord {
     pub cgroups_path: String,
     pub pid: u32,
     pub state: ContainerState,
-    pub gpus: Vec<GpuGrant>,
+    pub gpus: Vec<AssignedGpu>,
 }
 
 /// Memory and core committed on one GPU.
@@ -126,7 +126,7 @@ mod tests {
             cgroups_path: "/k8s/x".into(),
             pid: 0,
             state,
-            gpus: vec![GpuGrant {
+            gpus: vec![AssignedGpu {
                 index: gpu,
                 uuid: "GPU-x".into(),
                 minor: gpu,

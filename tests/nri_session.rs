@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use gpushare::node::{Node, NodeState};
+use gpushare::node::{AgentState, Node};
 use gpushare::nri::api::nri_api::*;
 use gpushare::nri::plugin::{Registration, serve_connection};
 use gpushare::nri::runtime_side::RuntimeSide;
@@ -65,7 +65,7 @@ fn ctx() -> ttrpc::context::Context {
 #[tokio::test]
 async fn full_session_over_the_multiplexer() {
     let (plugin_end, runtime_end) = UnixStream::pair().unwrap();
-    let node = Arc::new(Node::new(NodeState::in_memory("test-node")));
+    let node = Arc::new(Node::new(AgentState::in_memory("test-node")));
     let reg = Registration {
         name: "gpushare".into(),
         index: "10".into(),

@@ -13,8 +13,8 @@ use gpushare::registry::{ContainerRecord, ContainerState, Registry};
 use gpushare::throttle::controller::{self, MemoryAction, ThrottleConfig};
 use gpushare::throttle::fixture::{busy_process, enter, require_root};
 use gpushare::throttle::source::{SIM_MEMORY_FILE, SimSource};
-use gpushare_core::control::Policy;
-use gpushare_core::request::GpuGrant;
+use gpushare_core::control::ComputePolicy;
+use gpushare_core::request::AssignedGpu;
 
 /// The cases share the host's CPUs; run them one at a time.
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -80,7 +80,7 @@ impl BusyCgroup {
             cgroups_path: format!("/{}", self.rel),
             pid: self.child.id(),
             state: ContainerState::Running,
-            gpus: vec![GpuGrant {
+            gpus: vec![AssignedGpu {
                 index: gpu,
                 uuid: format!("GPU-{gpu}"),
                 minor: gpu,
@@ -116,7 +116,7 @@ impl Drop for BusyCgroup {
     }
 }
 
-fn config(state: &Path, policy: Policy) -> ThrottleConfig {
+fn config(state: &Path, policy: ComputePolicy) -> ThrottleConfig {
     ThrottleConfig {
         enabled: true,
         policy,
@@ -128,7 +128,7 @@ fn config(state: &Path, policy: Policy) -> ThrottleConfig {
 }
 
 /// The production controller on `registry` with the sim sample source.
-fn start(state: &Path, policy: Policy, registry: Arc<Registry>) -> controller::Running {
+fn start(state: &Path, policy: ComputePolicy, registry: Arc<Registry>) -> controller::Running {
     controller::start(
         &config(state, policy),
         registry,
@@ -168,7 +168,7 @@ fn real_cgroup_quota_holds_alone() {
         let r0 = shares(&[&cg], Duration::from_secs(3))[0];
         let registry = Arc::new(Registry::new());
         registry.upsert(cg.record("c", 0, Some(q), 1024));
-        let running = start(state.path(), Policy::Hard, registry);
+        let running = start(state.path(), ComputePolicy::Hard, registry);
         std::thread::sleep(Duration::from_secs(2));
         let s = shares(&[&cg], Duration::from_secs(10))[0];
         running.stop();
@@ -204,7 +204,7 @@ fn real_cgroup_contention_splits_30_70() {
     let registry = Arc::new(Registry::new());
     registry.upsert(a.record("a", 1, Some(30), 1024));
     registry.upsert(b.record("b", 1, Some(70), 1024));
-    let running = start(state.path(), Policy::Hard, registry);
+    let running = start(state.path(), ComputePolicy::Hard, registry);
     std::thread::sleep(Duration::from_secs(2));
     let s = shares(&[&a, &b], Duration::from_secs(10));
     running.stop();
@@ -232,7 +232,7 @@ fn real_cgroup_burst_uses_idle_gpu_and_falls_back() {
     let a = BusyCgroup::start("burst30", 0);
     let registry = Arc::new(Registry::new());
     registry.upsert(a.record("a", 0, Some(30), 1024));
-    let running = start(state.path(), Policy::Burst, registry.clone());
+    let running = start(state.path(), ComputePolicy::Burst, registry.clone());
     std::thread::sleep(Duration::from_secs(1));
     let alone = shares(&[&a], Duration::from_secs(3))[0];
     let b = BusyCgroup::start("burst70", 0);
@@ -268,7 +268,7 @@ fn real_cgroup_memory_over_quota_is_killed() {
     let mut cg = BusyCgroup::start("mem", 0);
     let registry = Arc::new(Registry::new());
     registry.upsert(cg.record("m", 0, Some(50), 1024));
-    let running = start(state.path(), Policy::Hard, registry);
+    let running = start(state.path(), ComputePolicy::Hard, registry);
     let decl = state.path().join("sim").join("m");
     std::fs::create_dir_all(&decl).unwrap();
     std::fs::write(decl.join(SIM_MEMORY_FILE), (512u64 << 20).to_string()).unwrap();

@@ -10,7 +10,7 @@ use clap::builder::TypedValueParser as _;
 
 use crate::config::{GpuBackend, LogFormat, NodeConfig};
 use crate::gpu::Backend;
-use crate::node::{Node, NodeState};
+use crate::node::{AgentState, Node};
 use crate::nri::plugin::{self, Registration};
 use crate::throttle::controller::Running;
 
@@ -44,9 +44,9 @@ pub struct NodeArgs {
     #[arg(long, alias = "metrics-addr")]
     pub status_listen: Option<String>,
     /// Compute-quota policy: hard or burst.
-    #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(gpushare_core::control::Policy::NAMES)
-        .map(|s| s.parse::<gpushare_core::control::Policy>().expect("a listed name")))]
-    pub throttle_policy: Option<gpushare_core::control::Policy>,
+    #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(gpushare_core::control::ComputePolicy::NAMES)
+        .map(|s| s.parse::<gpushare_core::control::ComputePolicy>().expect("a listed name")))]
+    pub throttle_policy: Option<gpushare_core::control::ComputePolicy>,
     /// Control period in milliseconds.
     #[arg(long)]
     pub throttle_period_ms: Option<u64>,
@@ -146,7 +146,7 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<()> {
     let rt = super::runtime()?;
     rt.block_on(async move {
         let backend = Backend::open(&cfg)?;
-        let state = NodeState::init(&cfg, backend.inventory.clone())?;
+        let state = AgentState::init(&cfg, backend.inventory.clone())?;
         tracing::info!(
             node = %state.node_name,
             gpus = state.inventory.len(),

@@ -22,7 +22,7 @@ use super::api;
 use super::api::device_plugin_server::DevicePluginServer;
 use super::api::registration_client::RegistrationClient;
 use super::resource::{ResourceSpec, Unhealthy};
-use super::server::{self, PluginService};
+use super::server::{self, DevicePluginService};
 use crate::backoff::Backoff;
 
 /// The kubelet's registration socket, in the device-plugin directory.
@@ -245,7 +245,7 @@ async fn run_endpoint(
         };
         let ours = file_id(&path);
         let (gen_stop, gen_stop_rx) = watch::channel(false);
-        let service = PluginService::new(spec.clone(), health.clone(), gen_stop_rx.clone());
+        let service = DevicePluginService::new(spec.clone(), health.clone(), gen_stop_rx.clone());
         let mut server = tokio::spawn(serve(listener, service, gen_stop_rx, resource.clone()));
 
         let end = 'generation: {
@@ -325,7 +325,7 @@ async fn run_endpoint(
 /// Serves `service` on `listener` until `stop` is raised.
 async fn serve(
     listener: UnixListener,
-    service: PluginService,
+    service: DevicePluginService,
     mut stop: watch::Receiver<bool>,
     resource: String,
 ) {

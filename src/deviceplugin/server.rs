@@ -13,19 +13,19 @@ use super::resource::{ResourceSpec, Unhealthy};
 
 /// Serves one resource. `stop` ends every open `ListAndWatch` stream, so a server can shut
 /// down gracefully although kubelet keeps that stream open for the plugin's whole life.
-pub struct PluginService {
+pub struct DevicePluginService {
     spec: Arc<ResourceSpec>,
     health: watch::Receiver<Unhealthy>,
     stop: watch::Receiver<bool>,
 }
 
-impl PluginService {
+impl DevicePluginService {
     pub fn new(
         spec: Arc<ResourceSpec>,
         health: watch::Receiver<Unhealthy>,
         stop: watch::Receiver<bool>,
     ) -> Self {
-        PluginService { spec, health, stop }
+        DevicePluginService { spec, health, stop }
     }
 }
 
@@ -74,7 +74,7 @@ fn device_stream(state: WatchState) -> DeviceStream {
 }
 
 #[tonic::async_trait]
-impl DevicePlugin for PluginService {
+impl DevicePlugin for DevicePluginService {
     async fn get_device_plugin_options(
         &self,
         _request: Request<api::Empty>,

@@ -43,7 +43,7 @@ impl std::fmt::Debug for Backend {
 
 impl Backend {
     /// Opens `cfg.gpu_backend`. Creates nothing: the simulated backend's device nodes are
-    /// made by the node agent when it starts (`node::NodeState::init`).
+    /// made by the node agent when it starts (`node::AgentState::init`).
     pub fn open(cfg: &NodeConfig) -> Result<Backend, BackendError> {
         match cfg.gpu_backend {
             GpuBackend::Sim => Ok(Backend {

@@ -23,16 +23,16 @@ use crate::throttle::controller::{ControllerLink, ThrottleStats};
 use gpushare_core::adjust::{self, AdjustOptions};
 use gpushare_core::inventory::DeviceSet;
 use gpushare_core::inventory::{Inventory, SimConfig, sim_inventory};
-use gpushare_core::request::{self, ContainerRequest, RequestError, RequestPolicy};
+use gpushare_core::request::{self, ContainerRequest, RequestError, RequestRules};
 
 /// Everything the handler derives from the configuration and the hardware.
 #[derive(Debug, Serialize)]
-pub struct NodeState {
+pub struct AgentState {
     pub node_name: String,
     pub inventory: Inventory,
     pub devices: DeviceSet,
     #[serde(skip)]
-    pub policy: RequestPolicy,
+    pub rules: RequestRules,
     #[serde(skip)]
     pub adjust: AdjustOptions,
     /// Simulated GPUs: where per-container declaration directories live, and how many CPU
@@ -56,11 +56,11 @@ impl SimNode {
     }
 }
 
-impl NodeState {
+impl AgentState {
     /// The default simulated node (4 × 15 GiB GPUs) with its device set synthesized in memory
     /// instead of discovered (no device nodes are created): the decision path without IO, for
     /// tests and benchmarks.
-    pub fn in_memory(node_name: &str) -> NodeState {
+    pub fn in_memory(node_name: &str) -> AgentState {
         let node = |path: String, major: u64, minor: u64| gpushare_core::inventory::DeviceNode {
             path,
             major: major as i64,
@@ -84,11 +84,11 @@ impl NodeState {
             uvm: Some(node("/dev/nvidia-uvm".into(), sim::SIM_UVM_MAJOR, 0)),
             uvm_tools: Some(node("/dev/nvidia-uvm-tools".into(), sim::SIM_UVM_MAJOR, 1)),
         };
-        NodeState {
+        AgentState {
             node_name: node_name.to_string(),
             inventory: Inventory::new(gpus),
             devices,
-            policy: RequestPolicy::default(),
+            rules: RequestRules::default(),
             adjust: AdjustOptions {
                 cdi: false,
                 memory_unit: gpushare_core::request::MemoryUnit::GiB,
@@ -100,7 +100,7 @@ impl NodeState {
 
     /// The node's state for `inventory` (from `gpu::Backend::open`): discovers the device
     /// nodes (for `sim`, creates them first under the agent's own dev root).
-    pub fn init(cfg: &NodeConfig, inventory: Inventory) -> Result<NodeState, NodeError> {
+    pub fn init(cfg: &NodeConfig, inventory: Inventory) -> Result<AgentState, NodeError> {
         cfg.validate()?;
         let node_name = cfg.node_name();
         let dev_root = cfg.dev_root();
@@ -114,11 +114,11 @@ impl NodeState {
             })?;
         }
         let devices = devices::discover(&dev_root, &cfg.proc_root.join("devices"))?;
-        Ok(NodeState {
+        Ok(AgentState {
             node_name,
             inventory,
             devices,
-            policy: RequestPolicy {
+            rules: RequestRules {
                 names: cfg.resources.clone(),
                 require_grant: cfg.require_grant,
             },
@@ -222,7 +222,7 @@ type OnRuntimeConfig = Box<dyn Fn(&NodeConfig, Backend) + Send + Sync>;
 
 /// The NRI handler of `gpushare node`.
 pub struct Node {
-    state: RwLock<Option<Arc<NodeState>>>,
+    state: RwLock<Option<Arc<AgentState>>>,
     /// Set for a pre-installed plugin: its config arrives in `Configure`.
     config_from_runtime: bool,
     pub registry: Arc<Registry>,
@@ -238,7 +238,7 @@ pub struct Node {
 
 impl Node {
     /// A node whose state is known now (external plugin).
-    pub fn new(state: NodeState) -> Node {
+    pub fn new(state: AgentState) -> Node {
         Node {
             state: RwLock::new(Some(Arc::new(state))),
             config_from_runtime: false,
@@ -280,11 +280,11 @@ impl Node {
         }
     }
 
-    pub fn state(&self) -> Option<Arc<NodeState>> {
+    pub fn state(&self) -> Option<Arc<AgentState>> {
         self.state.read().expect("state lock").clone()
     }
 
-    fn require_state(&self) -> Result<Arc<NodeState>, HandlerError> {
+    fn require_state(&self) -> Result<Arc<AgentState>, HandlerError> {
         self.state()
             .ok_or_else(|| HandlerError::internal("gpushare node is not configured yet"))
     }
@@ -292,7 +292,7 @@ impl Node {
     /// Validates one container and builds its adjustment; `None` for non-GPU containers.
     pub fn decide(
         &self,
-        state: &NodeState,
+        state: &AgentState,
         pod: &PodSandbox,
         ctr: &Container,
     ) -> Result<Option<(ContainerRequest, adjust::Adjustment)>, DecideError> {
@@ -301,7 +301,7 @@ impl Node {
             &ctr.name,
             &ctr.annotations,
             &state.inventory,
-            &state.policy,
+            &state.rules,
         )?;
         let Some(req) = req else { return Ok(None) };
         for g in &req.gpus {
@@ -398,7 +398,7 @@ impl Handler for Node {
                 .map_err(|e| HandlerError::invalid(e.to_string()))?;
             let backend = Backend::open(&cfg)
                 .map_err(|e| HandlerError::invalid(format!("gpu_backend: {e}")))?;
-            let state = NodeState::init(&cfg, backend.inventory.clone())
+            let state = AgentState::init(&cfg, backend.inventory.clone())
                 .map_err(|e| HandlerError::invalid(e.to_string()))?;
             (self.on_runtime_config)(&cfg, backend);
             tracing::info!(gpus = state.inventory.len(), "configured from the runtime");
@@ -428,7 +428,7 @@ impl Handler for Node {
                 &ctr.name,
                 &ctr.annotations,
                 &state.inventory,
-                &state.policy,
+                &state.rules,
             ) {
                 Ok(Some(req)) => buf.push(Node::record(pod, ctr, req)),
                 Ok(None) => {}

@@ -13,7 +13,7 @@ use ttrpc::r#async::transport::{Listener, Socket};
 use super::api::nri_api::RegisterPluginRequest;
 use super::api::nri_api_ttrpc::{RuntimeClient, create_plugin};
 use super::mux::{Mux, PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN};
-use super::service::{Handler, PluginService};
+use super::service::{Handler, NriPluginService};
 use crate::backoff::Backoff;
 
 /// NRI API version of the vendored `api.proto` (see protos/SOURCES).
@@ -58,7 +58,7 @@ pub async fn serve_connection<H: Handler>(
     // One accepted "connection" (the logical connection 1), then nothing more.
     let accepted = futures::stream::once(async move { Ok::<_, std::io::Error>(plugin_conn) })
         .chain(futures::stream::pending());
-    let service = create_plugin(Arc::new(PluginService::new(handler.clone())));
+    let service = create_plugin(Arc::new(NriPluginService::new(handler.clone())));
     let mut server = ttrpc::r#async::Server::new()
         .add_listener(Listener::new(accepted))
         .register_service(service);

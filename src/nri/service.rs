@@ -71,18 +71,18 @@ pub trait Handler: Send + Sync + 'static {
     fn connected(&self, _up: bool) {}
 }
 
-pub struct PluginService<H> {
+pub struct NriPluginService<H> {
     handler: Arc<H>,
 }
 
-impl<H> PluginService<H> {
+impl<H> NriPluginService<H> {
     pub fn new(handler: Arc<H>) -> Self {
-        PluginService { handler }
+        NriPluginService { handler }
     }
 }
 
 #[async_trait]
-impl<H: Handler> Plugin for PluginService<H> {
+impl<H: Handler> Plugin for NriPluginService<H> {
     async fn configure(
         &self,
         _ctx: &TtrpcContext,

@@ -24,7 +24,7 @@ pub use super::cgroup::THROTTLED_CHILD;
 use super::cgroup::{CgroupError, CgroupFs, ContainerCgroup};
 use super::source::{SampleSource, Tracked};
 use crate::registry::{ContainerState, Registry};
-use gpushare_core::control::{GpuLoop, Member, Params, Plan, Policy};
+use gpushare_core::control::{ComputePolicy, GpuLoop, Member, Params, Plan};
 
 /// Errors of starting the controller; each names the path it concerns.
 #[derive(Debug, thiserror::Error)]
@@ -77,7 +77,7 @@ pub enum MemoryAction {
 #[serde(deny_unknown_fields, default)]
 pub struct ThrottleConfig {
     pub enabled: bool,
-    pub policy: Policy,
+    pub policy: ComputePolicy,
     /// Control period in milliseconds: each capped container runs once per period.
     pub period_ms: u64,
     pub memory_action: MemoryAction,
@@ -91,7 +91,7 @@ impl Default for ThrottleConfig {
     fn default() -> Self {
         ThrottleConfig {
             enabled: true,
-            policy: Policy::Hard,
+            policy: ComputePolicy::Hard,
             period_ms: 100,
             memory_action: MemoryAction::Kill,
             cgroup_root: PathBuf::from("/sys/fs/cgroup"),
@@ -655,7 +655,7 @@ mod tests {
     use crate::throttle::cgroup::CgroupVersion;
     use crate::throttle::fixture::{add_fake_cgroup, fake_v1, fake_v2, get, put};
     use crate::throttle::source::Sample;
-    use gpushare_core::request::GpuGrant;
+    use gpushare_core::request::AssignedGpu;
 
     const PERIOD: Duration = Duration::from_millis(100);
 
@@ -780,7 +780,7 @@ mod tests {
                 cgroups_path: format!("/{rel}"),
                 pid: 1,
                 state: ContainerState::Running,
-                gpus: vec![GpuGrant {
+                gpus: vec![AssignedGpu {
                     index: gpu,
                     uuid: format!("GPU-{gpu}"),
                     minor: gpu,

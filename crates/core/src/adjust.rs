@@ -100,7 +100,7 @@ pub fn build(
     adj.devices.extend(devices.uvm.iter().cloned());
     adj.devices.extend(devices.uvm_tools.iter().cloned());
 
-    let join = |f: &dyn Fn(&crate::request::GpuGrant) -> String| {
+    let join = |f: &dyn Fn(&crate::request::AssignedGpu) -> String| {
         req.gpus.iter().map(f).collect::<Vec<_>>().join(",")
     };
     let unit = opts.memory_unit.mib();
@@ -151,7 +151,7 @@ pub fn build(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::request::GpuGrant;
+    use crate::request::AssignedGpu;
     use proptest::prelude::*;
     use std::collections::BTreeMap;
 
@@ -175,8 +175,8 @@ mod tests {
         }
     }
 
-    fn grant(index: u32, mem: u64, core: Option<u32>) -> GpuGrant {
-        GpuGrant {
+    fn grant(index: u32, mem: u64, core: Option<u32>) -> AssignedGpu {
+        AssignedGpu {
             index,
             uuid: format!("GPU-{index}"),
             minor: index,
@@ -272,7 +272,7 @@ mod tests {
         /// For any subset of GPUs, exactly those GPU nodes are injected, never another.
         #[test]
         fn injects_exactly_the_assigned_gpus(mask in 1u8..16) {
-            let gpus: Vec<GpuGrant> = (0..4).filter(|i| mask & (1 << i) != 0).map(|i| grant(i, 1024, Some(10))).collect();
+            let gpus: Vec<AssignedGpu> = (0..4).filter(|i| mask & (1 << i) != 0).map(|i| grant(i, 1024, Some(10))).collect();
             let want: Vec<String> = gpus.iter().map(|g| format!("/dev/nvidia{}", g.minor)).collect();
             let adj = build(&ContainerRequest { gpus }, &devset(4), &OPTS).unwrap();
             let got: Vec<String> = adj.devices.iter().map(|d| d.path.clone())

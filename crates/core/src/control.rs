@@ -21,7 +21,7 @@ use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "lowercase")]
-pub enum Policy {
+pub enum ComputePolicy {
     /// The cap holds even when the container is alone on the GPU.
     #[default]
     Hard,
@@ -30,18 +30,18 @@ pub enum Policy {
     Burst,
 }
 
-impl Policy {
+impl ComputePolicy {
     pub const NAMES: [&'static str; 2] = ["hard", "burst"];
 
     pub fn name(self) -> &'static str {
         match self {
-            Policy::Hard => "hard",
-            Policy::Burst => "burst",
+            ComputePolicy::Hard => "hard",
+            ComputePolicy::Burst => "burst",
         }
     }
 }
 
-impl std::fmt::Display for Policy {
+impl std::fmt::Display for ComputePolicy {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.name())
     }
@@ -50,23 +50,23 @@ impl std::fmt::Display for Policy {
 /// A compute-quota policy name that is neither `hard` nor `burst`.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("throttle policy {0:?} is not one of hard, burst")]
-pub struct UnknownPolicy(pub String);
+pub struct UnknownComputePolicy(pub String);
 
-impl std::str::FromStr for Policy {
-    type Err = UnknownPolicy;
+impl std::str::FromStr for ComputePolicy {
+    type Err = UnknownComputePolicy;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s {
-            "hard" => Ok(Policy::Hard),
-            "burst" => Ok(Policy::Burst),
-            _ => Err(UnknownPolicy(s.to_string())),
+            "hard" => Ok(ComputePolicy::Hard),
+            "burst" => Ok(ComputePolicy::Burst),
+            _ => Err(UnknownComputePolicy(s.to_string())),
         }
     }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Params {
-    pub policy: Policy,
+    pub policy: ComputePolicy,
     /// Fraction of the error corrected each period (0 < gain ≤ 1).
     pub gain: f64,
     /// A container's run window never exceeds `quota + max_boost`.
@@ -79,7 +79,7 @@ pub struct Params {
 impl Default for Params {
     fn default() -> Self {
         Params {
-            policy: Policy::Hard,
+            policy: ComputePolicy::Hard,
             gain: 0.5,
             max_boost: 0.15,
             idle_share: 0.02,
@@ -217,7 +217,7 @@ impl GpuLoop {
             .filter(|st| st.active)
             .filter_map(|st| st.quota)
             .sum();
-        let correct = p.policy == Policy::Hard || claimed >= 1.0 - 1e-6;
+        let correct = p.policy == ComputePolicy::Hard || claimed >= 1.0 - 1e-6;
         for (id, st) in self.members.iter_mut() {
             // Not sampled this round (idle containers are sampled less often): keep state.
             let Some(&s) = measured.get(id) else { continue };
@@ -300,7 +300,7 @@ impl GpuLoop {
                 );
                 continue;
             }
-            let shares_leftover = st.quota.is_none() || p.policy == Policy::Burst;
+            let shares_leftover = st.quota.is_none() || p.policy == ComputePolicy::Burst;
             if !shares_leftover {
                 plan.windows.entry(id.clone()).or_default();
                 continue;
@@ -444,7 +444,7 @@ mod tests {
     #[test]
     fn burst_uses_idle_capacity_and_falls_back_under_contention() {
         let params = Params {
-            policy: Policy::Burst,
+            policy: ComputePolicy::Burst,
             ..Default::default()
         };
         let mut lp = GpuLoop::new(params);

@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 
 use super::model::{GpuDemand, GpuPlacement, NodeSpec, Request};
-use super::policy::{Choice, Policy};
+use super::policy::{Choice, PlacementPolicy};
 use super::reject::{KINDS, Reject, Unschedulable, Why};
 use super::state::{GpuSet, NodeState, by_free};
 
@@ -20,7 +20,7 @@ pub struct Placement {
 
 /// One GPU a placed pod got.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct GpuGrant {
+pub struct PlacedGpu {
     pub index: u32,
     pub memory_mib: u64,
     /// Per-mille of the GPU; `None` for memory-only shares.
@@ -31,7 +31,7 @@ pub struct GpuGrant {
 
 impl Placement {
     /// What each GPU gives the pod (for the assignment annotation).
-    pub fn grants(&self, node: &NodeState, req: &Request) -> Vec<GpuGrant> {
+    pub fn grants(&self, node: &NodeState, req: &Request) -> Vec<PlacedGpu> {
         self.gpus
             .iter()
             .map(|i| match req.gpu {
@@ -39,13 +39,13 @@ impl Placement {
                     memory_mib,
                     core_milli,
                     ..
-                } => GpuGrant {
+                } => PlacedGpu {
                     index: i as u32,
                     memory_mib,
                     core_milli,
                     whole: false,
                 },
-                _ => GpuGrant {
+                _ => PlacedGpu {
                     index: i as u32,
                     memory_mib: node.gpus[i].memory_mib,
                     core_milli: Some(1000),
@@ -63,7 +63,7 @@ pub struct Engine {
     /// Node ids in tie-break order.
     order: Vec<usize>,
     by_name: HashMap<String, usize>,
-    policy: Box<dyn Policy>,
+    policy: Box<dyn PlacementPolicy>,
     cache: ScoreCache,
 }
 
@@ -148,7 +148,7 @@ impl std::fmt::Debug for Engine {
 
 impl Engine {
     /// An empty cluster of `nodes`; ties go to the node listed first.
-    pub fn new(nodes: Vec<NodeSpec>, mut policy: Box<dyn Policy>) -> Self {
+    pub fn new(nodes: Vec<NodeSpec>, mut policy: Box<dyn PlacementPolicy>) -> Self {
         let nodes: Vec<NodeState> = nodes.into_iter().map(NodeState::new).collect();
         policy.init(&nodes);
         Engine {
@@ -325,7 +325,12 @@ impl Engine {
 }
 
 /// Node `id`'s score for `req` (`None`: it does not fit).
-fn score(node: &NodeState, id: usize, req: &Request, policy: &dyn Policy) -> Option<Choice> {
+fn score(
+    node: &NodeState,
+    id: usize,
+    req: &Request,
+    policy: &dyn PlacementPolicy,
+) -> Option<Choice> {
     let mut fit = node.check(req).ok()?;
     // The node's ack.node.gpu.placement label picks the GPUs itself.
     if let (Some(p), GpuDemand::Shared { count, .. }) = (node.spec.placement, req.gpu) {

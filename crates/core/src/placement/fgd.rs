@@ -7,7 +7,7 @@
 
 use super::frag::FragModel;
 use super::model::{GpuDemand, Request};
-use super::policy::{Choice, Policy, packed_gpus};
+use super::policy::{Choice, PlacementPolicy, packed_gpus};
 use super::state::{GpuSet, NodeState};
 use super::workload::Workload;
 
@@ -83,7 +83,7 @@ pub fn best_choice(
     }
 }
 
-impl Policy for Fgd {
+impl PlacementPolicy for Fgd {
     fn name(&self) -> &'static str {
         "fgd"
     }

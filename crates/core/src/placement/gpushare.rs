@@ -21,7 +21,7 @@
 use super::fgd::{best_choice, fgd_score};
 use super::frag::FragModel;
 use super::model::{GpuDemand, Request};
-use super::policy::{Choice, Policy};
+use super::policy::{Choice, PlacementPolicy};
 use super::state::{GpuSet, NodeState};
 use super::workload::Workload;
 
@@ -45,7 +45,7 @@ impl Gpushare {
     }
 }
 
-impl Policy for Gpushare {
+impl PlacementPolicy for Gpushare {
     fn name(&self) -> &'static str {
         "gpushare"
     }

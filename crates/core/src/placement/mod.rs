@@ -18,11 +18,11 @@ pub mod reject;
 pub mod state;
 pub mod workload;
 
-pub use engine::{Engine, GpuGrant, Placement};
+pub use engine::{Engine, PlacedGpu, Placement};
 pub use model::{
     GpuDemand, GpuPlacement, GpuSpec, InvalidRequest, NodeSpec, Request, ScheduleMode,
 };
-pub use policy::{Choice, POLICIES, Policy, UnknownPolicy, by_name};
+pub use policy::{Choice, POLICIES, PlacementPolicy, UnknownPolicy, by_name};
 pub use reject::{Reject, Unschedulable, Why};
 pub use state::{GpuSet, GpuState, NodeState};
 pub use workload::{Shape, Workload};

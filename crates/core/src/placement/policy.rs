@@ -1,6 +1,6 @@
 //! Placement policies: how the engine ranks the nodes a pod fits on, and which of the node's
-//! GPUs it takes. A policy sees one feasible node at a time ([`Policy::score`]) and may keep
-//! per-node caches, updated only for the node that changed ([`Policy::node_changed`]).
+//! GPUs it takes. A policy sees one feasible node at a time ([`PlacementPolicy::score`]) and may keep
+//! per-node caches, updated only for the node that changed ([`PlacementPolicy::node_changed`]).
 
 use std::fmt;
 
@@ -17,9 +17,9 @@ pub struct Choice {
     pub gpus: GpuSet,
 }
 
-/// The engine caches scores: [`Policy::score`] must depend only on the node (its id, state
-/// and what [`Policy::node_changed`] learnt about it) and the request, never on other nodes.
-pub trait Policy: Send + Sync {
+/// The engine caches scores: [`PlacementPolicy::score`] must depend only on the node (its id, state
+/// and what [`PlacementPolicy::node_changed`] learnt about it) and the request, never on other nodes.
+pub trait PlacementPolicy: Send + Sync {
     fn name(&self) -> &'static str;
     /// Called with all nodes before the first decision and whenever nodes are added.
     fn init(&mut self, _nodes: &[NodeState]) {}
@@ -38,7 +38,7 @@ pub const POLICIES: [&str; 5] = ["gpushare", "fgd", "bestfit", "binpack", "sprea
 pub struct UnknownPolicy(pub String);
 
 /// Builds a policy by name. `workload` (typical pod shapes) feeds `fgd` and `gpushare`.
-pub fn by_name(name: &str, workload: &Workload) -> Result<Box<dyn Policy>, UnknownPolicy> {
+pub fn by_name(name: &str, workload: &Workload) -> Result<Box<dyn PlacementPolicy>, UnknownPolicy> {
     Ok(match name {
         "gpushare" => Box::new(Gpushare::new(workload.clone())),
         "fgd" => Box::new(Fgd::new(workload.clone())),
@@ -49,7 +49,7 @@ pub fn by_name(name: &str, workload: &Workload) -> Result<Box<dyn Policy>, Unkno
     })
 }
 
-impl fmt::Debug for dyn Policy {
+impl fmt::Debug for dyn PlacementPolicy {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())
     }
@@ -81,7 +81,7 @@ pub struct Pack {
     pub least: bool,
 }
 
-impl Policy for Pack {
+impl PlacementPolicy for Pack {
     fn name(&self) -> &'static str {
         if self.least { "binpack" } else { "spread" }
     }
@@ -117,7 +117,7 @@ pub struct BestFit {
     max_gpu: f64,
 }
 
-impl Policy for BestFit {
+impl PlacementPolicy for BestFit {
     fn name(&self) -> &'static str {
         "bestfit"
     }

@@ -111,16 +111,16 @@ pub enum RequestError {
 
 /// How strictly the node checks requests.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RequestPolicy {
+pub struct RequestRules {
     pub names: ResourceNames,
     /// Require the device plugin's grant for any assigned container. Without it, a pod could
     /// obtain a GPU by writing the assignment annotation itself.
     pub require_grant: bool,
 }
 
-impl Default for RequestPolicy {
+impl Default for RequestRules {
     fn default() -> Self {
-        RequestPolicy {
+        RequestRules {
             names: ResourceNames::default(),
             require_grant: true,
         }
@@ -129,7 +129,7 @@ impl Default for RequestPolicy {
 
 /// One GPU a container gets, validated against this node.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct GpuGrant {
+pub struct AssignedGpu {
     pub index: u32,
     pub uuid: String,
     pub minor: u32,
@@ -142,7 +142,7 @@ pub struct GpuGrant {
 /// What one container gets on this node.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct ContainerRequest {
-    pub gpus: Vec<GpuGrant>,
+    pub gpus: Vec<AssignedGpu>,
 }
 
 impl ContainerRequest {
@@ -158,9 +158,9 @@ pub fn container_request(
     container: &str,
     container_annotations: &HashMap<String, String>,
     inventory: &Inventory,
-    policy: &RequestPolicy,
+    rules: &RequestRules,
 ) -> Result<Option<ContainerRequest>, RequestError> {
-    let names = &policy.names;
+    let names = &rules.names;
     let grant = limits::parse_grant(container_annotations, names)?;
     let raw = pod_annotations.get(ASSIGNMENT_ANNOTATION);
     let (grant, raw) = match (grant, raw) {
@@ -225,7 +225,7 @@ pub fn container_request(
             .core_percent
             .map(|c| validate_core_percent("gpushare.io/assignment corePercent", c))
             .transpose()?;
-        gpus.push(GpuGrant {
+        gpus.push(AssignedGpu {
             index: gpu.index,
             uuid: gpu.uuid.clone(),
             minor: gpu.minor,
@@ -237,7 +237,7 @@ pub fn container_request(
     let request = ContainerRequest { gpus };
     match grant {
         Some(g) => cross_check(container, &request, &g, names)?,
-        None if policy.require_grant => {
+        None if rules.require_grant => {
             return Err(RequestError::NotGranted {
                 container: container.to_string(),
                 gpu_index: request.gpus[0].index,
@@ -333,7 +333,7 @@ mod tests {
             "main",
             &ctr,
             &inv(),
-            &RequestPolicy::default(),
+            &RequestRules::default(),
         )
     }
 
@@ -362,7 +362,7 @@ mod tests {
             "main",
             &HashMap::new(),
             &inv(),
-            &RequestPolicy::default(),
+            &RequestRules::default(),
         );
         assert_eq!(none, Ok(None));
         // A sidecar of a GPU pod: the pod has an assignment, this container has no entry.
@@ -371,7 +371,7 @@ mod tests {
             "sidecar",
             &HashMap::new(),
             &inv(),
-            &RequestPolicy::default(),
+            &RequestRules::default(),
         );
         assert_eq!(r, Ok(None));
     }
@@ -403,7 +403,7 @@ mod tests {
             "main",
             &granted("2", None),
             &inv(),
-            &RequestPolicy::default(),
+            &RequestRules::default(),
         )
         .unwrap_err();
         assert!(
