@@ -26,6 +26,9 @@ NS=gpushare-admission
 PASSED=0
 FAILED=0
 
+# shellcheck source=tests/e2e-k8s/pki.sh
+source "$REPO/tests/e2e-k8s/pki.sh"
+
 log() { echo "admission: $*" >&2; }
 die() {
     log "$*"
@@ -60,43 +63,6 @@ cleanup() {
     fi
 }
 
-ssl() { openssl "$@" 2>>"$ROOT/openssl.log"; }
-
-# cert NAME SUBJECT EKU [SAN]: EC key + certificate signed by the throwaway CA.
-cert() {
-    local name=$1 subj=$2 eku=$3 san=${4:-}
-    {
-        echo "basicConstraints = critical, CA:FALSE"
-        echo "keyUsage = critical, digitalSignature, keyEncipherment"
-        echo "extendedKeyUsage = $eku"
-        [[ -z $san ]] || echo "subjectAltName = $san"
-    } >"$ROOT/$name.ext"
-    if ! { ssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out "$ROOT/$name.key" &&
-        ssl req -new -key "$ROOT/$name.key" -subj "$subj" -out "$ROOT/$name.csr" &&
-        ssl x509 -req -in "$ROOT/$name.csr" -CA "$ROOT/ca.crt" -CAkey "$ROOT/ca.key" \
-            -CAcreateserial -CAserial "$ROOT/ca.srl" -days 2 -sha256 \
-            -extfile "$ROOT/$name.ext" -out "$ROOT/$name.crt"; }; then
-        die "openssl failed for $name: $(tail -n 5 "$ROOT/openssl.log")"
-    fi
-}
-
-kubeconfig() { # FILE CERT USER
-    cat >"$1" <<EOF
-apiVersion: v1
-kind: Config
-clusters:
-- name: admission
-  cluster: {server: "https://127.0.0.1:$API_PORT", certificate-authority: "$ROOT/ca.crt"}
-users:
-- name: $3
-  user: {client-certificate: "$ROOT/$2.crt", client-key: "$ROOT/$2.key"}
-contexts:
-- name: $3
-  context: {cluster: admission, user: $3}
-current-context: $3
-EOF
-}
-
 wait_for() { # SECONDS DESC LOG CMD...
     local deadline=$((SECONDS + $1)) desc=$2 logf=$3
     shift 3
@@ -117,18 +83,16 @@ start_cluster() {
         die "etcd/kube-apiserver not in $BIN (build them: source tests/e2e-k8s/cluster.sh && k8s_build_peers)"
     ROOT=$(mktemp -d /tmp/gpushare-admission.XXXXXX)
     trap cleanup EXIT
-    ssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out "$ROOT/ca.key"
-    ssl req -x509 -new -key "$ROOT/ca.key" -subj "/CN=gpushare-admission-ca" -days 2 -sha256 \
-        -addext "basicConstraints=critical,CA:TRUE" \
-        -addext "keyUsage=critical,keyCertSign,cRLSign,digitalSignature" -out "$ROOT/ca.crt" ||
-        die "openssl failed for the CA"
-    cert apiserver "/CN=kube-apiserver" serverAuth "DNS:localhost,IP:127.0.0.1"
-    cert admin "/O=system:masters/CN=kubernetes-admin" clientAuth
-    cert scheduler "/CN=gpushare-scheduler" clientAuth
-    ssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out "$ROOT/sa.key"
-    ssl pkey -in "$ROOT/sa.key" -pubout -out "$ROOT/sa.pub"
-    kubeconfig "$ROOT/admin.kubeconfig" admin kubernetes-admin
-    kubeconfig "$ROOT/scheduler.kubeconfig" scheduler gpushare-scheduler
+    # PKI in ROOT itself (tests/e2e-k8s/pki.sh), valid 2 days.
+    if ! { pki_ca "$ROOT" "/CN=gpushare-admission-ca" 2 &&
+        pki_cert "$ROOT" 2 apiserver "/CN=kube-apiserver" serverAuth "DNS:localhost,IP:127.0.0.1" &&
+        pki_cert "$ROOT" 2 admin "/O=system:masters/CN=kubernetes-admin" clientAuth &&
+        pki_cert "$ROOT" 2 scheduler "/CN=gpushare-scheduler" clientAuth &&
+        pki_sa_keys "$ROOT"; }; then
+        die "could not make the certificates (openssl errors above)"
+    fi
+    pki_kubeconfig "$ROOT/admin.kubeconfig" "$ROOT" admin kubernetes-admin "https://127.0.0.1:$API_PORT" admission
+    pki_kubeconfig "$ROOT/scheduler.kubeconfig" "$ROOT" scheduler gpushare-scheduler "https://127.0.0.1:$API_PORT" admission
     ADMIN=$ROOT/admin.kubeconfig
     SCHED=$ROOT/scheduler.kubeconfig
 
@@ -218,30 +182,7 @@ fail() {
     [[ -z ${2:-} ]] || printf '      %s\n' "$2"
 }
 
-# refused DESC WANT WHO JSON: creating JSON as WHO (admin|sched) fails and the error contains WANT.
-refused() {
-    local desc=$1 want=$2 who=$3 json=$4 out
-    if out=$(echo "$json" | "as_$who" -n "$NS" create -f - 2>&1); then
-        fail "$desc" "accepted: $out"
-    elif [[ $out == *"$want"* ]]; then
-        pass "$desc"
-        echo "      $out"
-    else
-        fail "$desc" "refused, but without \"$want\": $out"
-    fi
-}
-
-# accepted DESC WHO JSON
-accepted() {
-    local desc=$1 who=$2 json=$3 out
-    if out=$(echo "$json" | "as_$who" -n "$NS" create -f - 2>&1); then
-        pass "$desc"
-    else
-        fail "$desc" "$out"
-    fi
-}
-
-# cmd_refused DESC WANT CMD... / cmd_accepted DESC CMD...
+# cmd_refused DESC WANT CMD...: CMD fails and its error contains WANT.
 cmd_refused() {
     local desc=$1 want=$2 out
     shift 2
@@ -254,6 +195,7 @@ cmd_refused() {
         fail "$desc" "refused, but without \"$want\": $out"
     fi
 }
+# cmd_accepted DESC CMD...: CMD succeeds.
 cmd_accepted() {
     local desc=$1 out
     shift
@@ -263,6 +205,14 @@ cmd_accepted() {
         fail "$desc" "$out"
     fi
 }
+
+create_as() { echo "$2" | "as_$1" -n "$NS" create -f -; } # WHO JSON
+
+# refused DESC WANT WHO JSON: creating JSON as WHO (admin|sched) fails and the error contains WANT.
+refused() { cmd_refused "$1" "$2" create_as "$3" "$4"; }
+
+# accepted DESC WHO JSON
+accepted() { cmd_accepted "$1" create_as "$2" "$3"; }
 
 core_msg() { echo "aliyun.com/gpu-core.percentage $1 of container \"$2\" is not a multiple of 5 in [5, 100]"; }
 ASSIGN='{"version":1,"containers":{"main":[{"gpuIndex":0,"memoryMiB":2048,"corePercent":30}]}}'

@@ -100,6 +100,8 @@
 K8S_LIB_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=tests/e2e/lib.sh
 source "$K8S_LIB_DIR/../e2e/lib.sh"
+# shellcheck source=tests/e2e-k8s/pki.sh
+source "$K8S_LIB_DIR/pki.sh"
 
 K8S_VERSION=1.36.3
 K8S_ETCD_VERSION=3.6.8
@@ -203,64 +205,21 @@ _k8s_node_ip() {
 }
 
 # --------------------------------------------------------------- certs ----
-_k8s_openssl() { openssl "$@" 2>>"$K8S_ROOT/pki/openssl.log"; }
+# The cluster's PKI lives in ROOT/pki (tests/e2e-k8s/pki.sh), valid 30 days.
 
 # _k8s_cert NAME SUBJECT EKU [SAN]: EC P-256 key + cert signed by the CA.
 _k8s_cert() {
-    local name=$1 subj=$2 eku=$3 san=${4:-} p=$K8S_ROOT/pki
-    {
-        echo "basicConstraints = critical, CA:FALSE"
-        echo "keyUsage = critical, digitalSignature, keyEncipherment"
-        echo "extendedKeyUsage = $eku"
-        [[ -z $san ]] || echo "subjectAltName = $san"
-    } >"$p/$name.ext"
-    if ! { _k8s_openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out "$p/$name.key" &&
-        _k8s_openssl req -new -key "$p/$name.key" -subj "$subj" -out "$p/$name.csr" &&
-        _k8s_openssl x509 -req -in "$p/$name.csr" -CA "$p/ca.crt" -CAkey "$p/ca.key" \
-            -CAcreateserial -CAserial "$p/ca.srl" -days 30 -sha256 \
-            -extfile "$p/$name.ext" -out "$p/$name.crt"; }; then
-        k8s_log "openssl failed for $name:"
-        tail -n 20 "$p/openssl.log" >&2
-        return 1
-    fi
+    pki_cert "$K8S_ROOT/pki" 30 "$@"
 }
 
 _k8s_kubeconfig() { # FILE CERTNAME USER
-    cat >"$1" <<EOF
-apiVersion: v1
-kind: Config
-clusters:
-- name: gpushare-e2e
-  cluster:
-    server: $K8S_API
-    certificate-authority: $K8S_ROOT/pki/ca.crt
-users:
-- name: $3
-  user:
-    client-certificate: $K8S_ROOT/pki/$2.crt
-    client-key: $K8S_ROOT/pki/$2.key
-contexts:
-- name: $3@gpushare-e2e
-  context:
-    cluster: gpushare-e2e
-    user: $3
-current-context: $3@gpushare-e2e
-EOF
+    pki_kubeconfig "$1" "$K8S_ROOT/pki" "$2" "$3" "$K8S_API" gpushare-e2e
 }
 
 _k8s_make_pki() {
     local p=$K8S_ROOT/pki host
-    mkdir -p "$p" && chmod 700 "$p" || return 1
+    pki_ca "$p" "/CN=gpushare-e2e-ca" 30 || return 1
     host=$(hostname 2>/dev/null | tr '[:upper:]' '[:lower:]')
-    if ! { _k8s_openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out "$p/ca.key" &&
-        _k8s_openssl req -x509 -new -key "$p/ca.key" -subj "/CN=gpushare-e2e-ca" -days 30 \
-            -sha256 -addext "basicConstraints=critical,CA:TRUE" \
-            -addext "keyUsage=critical,keyCertSign,cRLSign,digitalSignature" \
-            -out "$p/ca.crt"; }; then
-        k8s_log "openssl failed for the CA:"
-        tail -n 20 "$p/openssl.log" >&2
-        return 1
-    fi
     local svc_ip
     svc_ip=$(_k8s_first_service_ip "$K8S_SERVICE_CIDR")
     _k8s_cert apiserver "/CN=kube-apiserver" serverAuth \
@@ -274,8 +233,7 @@ _k8s_make_pki() {
         # the system:kube-controller-manager role grants.
         _k8s_cert controller-manager "/O=system:masters/CN=system:kube-controller-manager" clientAuth ||
         return 1
-    _k8s_openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out "$p/sa.key" &&
-        _k8s_openssl pkey -in "$p/sa.key" -pubout -out "$p/sa.pub" || return 1
+    pki_sa_keys "$p" || return 1
     _k8s_kubeconfig "$K8S_ROOT/admin.kubeconfig" admin kubernetes-admin
     _k8s_kubeconfig "$K8S_ROOT/kubelet.kubeconfig" kubelet "system:node:$K8S_NODE"
     _k8s_kubeconfig "$K8S_ROOT/scheduler.kubeconfig" scheduler system:kube-scheduler

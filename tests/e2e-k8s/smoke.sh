@@ -12,14 +12,6 @@ source "$(dirname "${BASH_SOURCE[0]}")/cluster.sh"
 
 trap k8s_down EXIT
 
-grep_out() { # PATTERN CMD...
-    local pat=$1 out
-    shift
-    out=$("$@")
-    printf '%s\n' "$out"
-    grep -q -- "$pat" <<<"$out"
-}
-
 pod_yaml() { # NAME [LIMITS] -> a busybox Pod (default ServiceAccount, token mounted)
     cat <<EOF
 apiVersion: v1
@@ -119,8 +111,8 @@ up_start=$SECONDS
 # k8s_up must run in this shell (exports); e2e_require runs it here.
 e2e_require "cluster up, node Ready" k8s_up "$root"
 echo "up: $((SECONDS - up_start))s"
-e2e_check "kubectl version reports v$K8S_VERSION" grep_out "v$K8S_VERSION" k8s_kubectl version
-e2e_check "node $K8S_NODE Ready" grep_out True k8s_kubectl get node "$K8S_NODE" \
+e2e_check "kubectl version reports v$K8S_VERSION" e2e_grep_out "v$K8S_VERSION" k8s_kubectl version
+e2e_check "node $K8S_NODE Ready" e2e_grep_out True k8s_kubectl get node "$K8S_NODE" \
     -o 'jsonpath={.status.conditions[?(@.type=="Ready")].status}'
 e2e_check "NRI socket exists" test -S "$K8S_NRI_SOCK"
 e2e_check "kubelet device-plugin socket in ROOT/kubelet/device-plugins" test -S "$K8S_KUBELET_ROOT/device-plugins/kubelet.sock"
@@ -132,11 +124,11 @@ e2e_check "scheduler kubeconfig can list pods" \
 echo "=== plain Pod"
 e2e_check "apply pod smoke-1" apply_pod smoke-1
 e2e_check "pod smoke-1 Running" k8s_wait_pod_phase default/smoke-1 Running 120
-e2e_check "kubectl logs prints hello" grep_out '^hello$' k8s_kubectl logs smoke-1
-e2e_check "kubectl exec works" grep_out '^exec-ok$' k8s_kubectl exec smoke-1 -- echo exec-ok
-e2e_check "pod got an IP from $K8S_POD_SUBNET" grep_out '^10\.' k8s_kubectl get pod smoke-1 \
+e2e_check "kubectl logs prints hello" e2e_grep_out '^hello$' k8s_kubectl logs smoke-1
+e2e_check "kubectl exec works" e2e_grep_out '^exec-ok$' k8s_kubectl exec smoke-1 -- echo exec-ok
+e2e_check "pod got an IP from $K8S_POD_SUBNET" e2e_grep_out '^10\.' k8s_kubectl get pod smoke-1 \
     -o 'jsonpath={.status.podIP}'
-e2e_check "service account token mounted" grep_out token k8s_kubectl exec smoke-1 -- \
+e2e_check "service account token mounted" e2e_grep_out token k8s_kubectl exec smoke-1 -- \
     ls /var/run/secrets/kubernetes.io/serviceaccount
 e2e_check "delete pod smoke-1" k8s_kubectl delete pod smoke-1 --wait=false
 e2e_check "pod smoke-1 gone" pod_gone smoke-1
@@ -144,7 +136,7 @@ e2e_check "pod smoke-1 gone" pod_gone smoke-1
 echo "=== Job"
 e2e_check "apply job" eval 'job_yaml | k8s_kubectl apply -f -'
 e2e_check "job completes" job_complete
-e2e_check "job logs print job-done" grep_out '^job-done$' job_logs
+e2e_check "job logs print job-done" e2e_grep_out '^job-done$' job_logs
 e2e_check "delete job (cascading)" k8s_kubectl delete job smoke-job --cascade=foreground --timeout=60s
 
 echo "=== restarts"
@@ -152,8 +144,8 @@ e2e_check "restart kube-scheduler" k8s_restart_scheduler
 e2e_check "restart kubelet" k8s_restart_kubelet
 e2e_check "apply pod smoke-2" apply_pod smoke-2
 e2e_check "pod smoke-2 Running after restarts" k8s_wait_pod_phase default/smoke-2 Running 120
-e2e_check "kubectl logs smoke-2 prints hello" grep_out '^hello$' k8s_kubectl logs smoke-2
-e2e_check "kubectl exec smoke-2 works" grep_out '^exec-ok$' k8s_kubectl exec smoke-2 -- echo exec-ok
+e2e_check "kubectl logs smoke-2 prints hello" e2e_grep_out '^hello$' k8s_kubectl logs smoke-2
+e2e_check "kubectl exec smoke-2 works" e2e_grep_out '^exec-ok$' k8s_kubectl exec smoke-2 -- echo exec-ok
 
 # The extender path (K8S_EXTENDER_URL) is exercised with the real `gpushare scheduler` by
 # tests/e2e-k8s/run.sh.

@@ -23,14 +23,6 @@ is_exited() { # CTR_ID
     [[ $(e2e_crictl inspect -o go-template --template '{{.status.state}}' "$1") == CONTAINER_EXITED ]]
 }
 
-grep_out() { # PATTERN CMD...
-    local pat=$1 out
-    shift
-    out=$("$@")
-    printf '%s\n' "$out"
-    grep -q -- "$pat" <<<"$out"
-}
-
 annotation_is() { # CTR_ID KEY VALUE
     [[ $(e2e_crictl inspect "$1" | jq -r --arg k "$2" '.status.annotations[$k] // empty') == "$3" ]]
 }
@@ -54,12 +46,12 @@ for version in "${versions[@]}"; do
     pod=$(e2e_last_pod_id 2>/dev/null || true)
     e2e_require "[$version] runp + create + start" test -n "$ctr" -a -n "$pod"
     e2e_check "[$version] container running" is_running "$ctr"
-    e2e_check "[$version] pod is ready" grep_out SANDBOX_READY e2e_crictl inspectp -o go-template --template '{{.status.state}}' "$pod"
-    e2e_check "[$version] pod uses host network" grep_out NODE e2e_crictl inspectp -o go-template --template '{{.status.linux.namespaces.options.network}}' "$pod"
-    e2e_check "[$version] exec ls /dev" grep_out null e2e_crictl exec "$ctr" ls /dev
-    e2e_check "[$version] exec env sees SMOKE" grep_out SMOKE=hello e2e_crictl exec "$ctr" env
+    e2e_check "[$version] pod is ready" e2e_grep_out SANDBOX_READY e2e_crictl inspectp -o go-template --template '{{.status.state}}' "$pod"
+    e2e_check "[$version] pod uses host network" e2e_grep_out NODE e2e_crictl inspectp -o go-template --template '{{.status.linux.namespaces.options.network}}' "$pod"
+    e2e_check "[$version] exec ls /dev" e2e_grep_out null e2e_crictl exec "$ctr" ls /dev
+    e2e_check "[$version] exec env sees SMOKE" e2e_grep_out SMOKE=hello e2e_crictl exec "$ctr" env
     e2e_check_fail "[$version] exec exit code propagates" e2e_crictl exec "$ctr" sh -c 'exit 3'
-    e2e_check "[$version] pod cgroup under E2E_CGROUP_BASE" grep_out "$E2E_CGROUP_BASE/poduid-smoke-$version" \
+    e2e_check "[$version] pod cgroup under E2E_CGROUP_BASE" e2e_grep_out "$E2E_CGROUP_BASE/poduid-smoke-$version" \
         e2e_crictl exec "$ctr" cat /proc/self/cgroup
     e2e_check "[$version] container annotation passed through" annotation_is "$ctr" gpushare.test/ctr yes
 
