@@ -238,3 +238,32 @@ async fn full_session_over_the_multiplexer() {
         .unwrap();
     assert!(!reason.is_empty());
 }
+
+/// Fail closed: with quotas configured, a GPU container is refused (Internal, with the reason)
+/// until the throttling controller runs; a container without a GPU is not affected.
+#[test]
+fn gpu_containers_are_refused_while_quotas_cannot_be_enforced() {
+    use gpushare::nri::service::Handler;
+    let mut state = AgentState::in_memory("test-node");
+    state.enforce_quotas = true;
+    let node = Node::new(state);
+    let gpu_pod = pod("p1", Some(assignment(1, 2048, 30)));
+    let gpu_ctr = ctr("c1", "p1", Some("2"), Some("30"));
+
+    let e = node.create_container(&gpu_pod, &gpu_ctr).unwrap_err();
+    assert_eq!(e.code, ttrpc::Code::INTERNAL);
+    assert_eq!(
+        e.message,
+        "gpushare: GPU containers are refused on this node until its quotas can be enforced: the throttling controller has not started"
+    );
+    assert!(node.registry.snapshot().is_empty(), "nothing registered");
+
+    node.enforcement_failed("the throttling controller cannot start: no freezer");
+    let e = node.create_container(&gpu_pod, &gpu_ctr).unwrap_err();
+    assert!(e.message.ends_with(": no freezer"), "{}", e.message);
+
+    let plain = node
+        .create_container(&pod("p2", None), &ctr("c2", "p2", None, None))
+        .unwrap();
+    assert!(plain.is_none(), "a container without a GPU passes through");
+}

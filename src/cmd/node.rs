@@ -218,7 +218,7 @@ fn start_controller(
         backend.source,
         Some(&exe),
     )?;
-    node.attach_controller(running.stats.clone(), running.link.clone());
+    node.attach_controller(&running);
     Ok(Some(running))
 }
 
@@ -243,13 +243,15 @@ pub fn run_preinstalled(fd: &str) -> anyhow::Result<()> {
             Node::awaiting_config(move |cfg: &NodeConfig, backend: Backend| {
                 super::logging::reconfigure(&cfg.log);
                 let mut started = status_started.lock().expect("status lock");
-                if !*started
-                    && let Some(node) = weak.upgrade()
-                {
+                if !*started && let Some(node) = weak.upgrade() {
                     match start_controller(cfg, &node, backend) {
                         // Runs for the life of the process; the guardian covers its end.
                         Ok(running) => std::mem::forget(running),
-                        Err(e) => tracing::error!(error = %format!("{e:#}"), "cannot start the throttling controller"),
+                        Err(e) => {
+                            let reason = format!("the throttling controller cannot start: {e:#}");
+                            tracing::error!(%reason, "GPU containers will be refused");
+                            node.enforcement_failed(reason);
+                        }
                     }
                 }
                 if let (Some(addr), false, Some(node)) =

@@ -19,7 +19,7 @@ use crate::nri::api::nri_api::{
 use crate::nri::convert;
 use crate::nri::service::{Handler, HandlerError, event_mask};
 use crate::registry::{ContainerRecord, ContainerState, Registry};
-use crate::throttle::controller::{ControllerLink, ThrottleStats};
+use crate::throttle::controller::{ControllerLink, Running, ThrottleStats};
 use gpushare_core::adjust::{self, AdjustOptions};
 use gpushare_core::inventory::DeviceSet;
 use gpushare_core::inventory::{Inventory, SimConfig, sim_inventory};
@@ -39,6 +39,9 @@ pub struct AgentState {
     /// cores stand in for GPUs.
     #[serde(skip)]
     pub sim: Option<SimNode>,
+    /// Quotas are configured (`[throttle] enabled`): GPU containers need the controller.
+    #[serde(skip)]
+    pub enforce_quotas: bool,
     /// Enforcement backend `mps`: the host directory holding one MPS pipe directory per GPU.
     #[serde(skip)]
     pub mps_pipe_root: Option<String>,
@@ -94,6 +97,7 @@ impl AgentState {
                 memory_unit: gpushare_core::request::MemoryUnit::GiB,
             },
             sim: None,
+            enforce_quotas: false,
             mps_pipe_root: None,
         }
     }
@@ -130,6 +134,7 @@ impl AgentState {
                 dir: cfg.sim_dir(),
                 ncpu: std::thread::available_parallelism().map_or(1, |n| n.get()),
             }),
+            enforce_quotas: cfg.throttle.enabled,
             mps_pipe_root: (cfg.enforcement == Enforcement::Mps)
                 .then(|| cfg.mps_pipe_root.to_string_lossy().into_owned()),
         })
@@ -185,12 +190,18 @@ pub enum DecideError {
         path: PathBuf,
         source: std::io::Error,
     },
+    /// Fail closed: quotas are configured but cannot be enforced.
+    #[error("GPU containers are refused on this node until its quotas can be enforced: {reason}")]
+    EnforcementDown { reason: String },
 }
 
 impl DecideError {
     /// A refusal of the request (as opposed to a fault of the node).
     pub fn is_refusal(&self) -> bool {
-        !matches!(self, DecideError::SimDir { .. })
+        !matches!(
+            self,
+            DecideError::SimDir { .. } | DecideError::EnforcementDown { .. }
+        )
     }
 }
 
@@ -217,6 +228,13 @@ pub struct Stats {
     pub synced: AtomicBool,
 }
 
+/// The running controller as the handler sees it.
+struct Attached {
+    stats: Arc<ThrottleStats>,
+    link: Arc<ControllerLink>,
+    alive: Arc<AtomicBool>,
+}
+
 /// What a pre-installed plugin does with the runtime's config and the backend it opened.
 type OnRuntimeConfig = Box<dyn Fn(&NodeConfig, Backend) + Send + Sync>;
 
@@ -233,7 +251,10 @@ pub struct Node {
     /// once the node's state is set up from it.
     on_runtime_config: OnRuntimeConfig,
     /// The throttling controller, once running.
-    throttle: std::sync::OnceLock<(Arc<ThrottleStats>, Arc<ControllerLink>)>,
+    throttle: std::sync::OnceLock<Attached>,
+    /// Why the quotas cannot be enforced on this node (the controller could not start); GPU
+    /// containers are refused with it.
+    enforcement_down: RwLock<Option<String>>,
 }
 
 impl Node {
@@ -247,6 +268,7 @@ impl Node {
             sync_buf: Mutex::new(vec![]),
             on_runtime_config: Box::new(|_, _| {}),
             throttle: Default::default(),
+            enforcement_down: RwLock::new(None),
         }
     }
 
@@ -262,21 +284,56 @@ impl Node {
             sync_buf: Mutex::new(vec![]),
             on_runtime_config: Box::new(on_config),
             throttle: Default::default(),
+            enforcement_down: RwLock::new(None),
         }
     }
 
     /// Connects the running throttling controller.
-    pub fn attach_controller(&self, stats: Arc<ThrottleStats>, link: Arc<ControllerLink>) {
-        let _ = self.throttle.set((stats, link));
+    pub fn attach_controller(&self, running: &Running) {
+        let _ = self.throttle.set(Attached {
+            stats: running.stats.clone(),
+            link: running.link.clone(),
+            alive: running.alive.clone(),
+        });
+    }
+
+    /// The controller could not start: from now on GPU containers are refused with `reason`.
+    pub fn enforcement_failed(&self, reason: impl Into<String>) {
+        *self.enforcement_down.write().expect("enforcement lock") = Some(reason.into());
     }
 
     pub fn throttle_stats(&self) -> Option<Arc<ThrottleStats>> {
-        self.throttle.get().map(|(s, _)| s.clone())
+        self.throttle.get().map(|a| a.stats.clone())
     }
 
     fn release(&self, id: &str) {
-        if let (Some((_, link)), Some(rec)) = (self.throttle.get(), self.registry.get(id)) {
-            link.release(id, &rec.cgroups_path);
+        if let (Some(a), Some(rec)) = (self.throttle.get(), self.registry.get(id)) {
+            a.link.release(id, &rec.cgroups_path);
+        }
+    }
+
+    /// Fail closed: with quotas configured (`[throttle] enabled`), a GPU container is admitted
+    /// only while the controller that holds it to them runs.
+    fn check_enforcement(&self, state: &AgentState) -> Result<(), DecideError> {
+        if !state.enforce_quotas {
+            return Ok(());
+        }
+        if let Some(reason) = self
+            .enforcement_down
+            .read()
+            .expect("enforcement lock")
+            .clone()
+        {
+            return Err(DecideError::EnforcementDown { reason });
+        }
+        match self.throttle.get() {
+            Some(a) if a.alive.load(Ordering::Acquire) => Ok(()),
+            Some(_) => Err(DecideError::EnforcementDown {
+                reason: "the throttling controller has stopped".into(),
+            }),
+            None => Err(DecideError::EnforcementDown {
+                reason: "the throttling controller has not started".into(),
+            }),
         }
     }
 
@@ -304,6 +361,7 @@ impl Node {
             &state.rules,
         )?;
         let Some(req) = req else { return Ok(None) };
+        self.check_enforcement(state)?;
         for g in &req.gpus {
             let gpu = state.inventory.get(g.index).expect("validated index");
             let c = self.registry.committed(g.index, &ctr.id);

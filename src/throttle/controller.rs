@@ -585,6 +585,8 @@ pub struct Running {
     thread: Option<std::thread::JoinHandle<()>>,
     pub stats: Arc<ThrottleStats>,
     pub link: Arc<ControllerLink>,
+    /// True while the controller thread runs (false once it has ended, however it ended).
+    pub alive: Arc<AtomicBool>,
     _guardian: Option<super::guardian::Guardian>,
 }
 
@@ -631,9 +633,21 @@ pub fn start(
     let link = controller.link();
     let stop = Arc::new(AtomicBool::new(false));
     let s = stop.clone();
+    let alive = Arc::new(AtomicBool::new(true));
+    let flag = alive.clone();
     let thread = std::thread::Builder::new()
         .name("gpushare-throttle".into())
-        .spawn(move || controller.run(s))
+        .spawn(move || {
+            /// Clears the flag however the thread ends (return or panic).
+            struct Ended(Arc<AtomicBool>);
+            impl Drop for Ended {
+                fn drop(&mut self) {
+                    self.0.store(false, Ordering::Release);
+                }
+            }
+            let _ended = Ended(flag);
+            controller.run(s)
+        })
         .map_err(|err| ControllerError::Thread { err })?;
     tracing::info!(policy = ?cfg.policy, period_ms = cfg.period_ms, cgroups = %cfg.cgroup_root.display(), "throttling controller running");
     Ok(Running {
@@ -641,6 +655,7 @@ pub fn start(
         thread: Some(thread),
         stats,
         link,
+        alive,
         _guardian: guardian,
     })
 }

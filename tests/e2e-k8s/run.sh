@@ -13,7 +13,7 @@ set -euo pipefail
 # shellcheck source=tests/e2e-k8s/cluster.sh
 source "$(dirname "${BASH_SOURCE[0]}")/cluster.sh"
 
-BIN=$E2E_REPO/target/release/gpushare
+BIN=${GPUSHARE_BIN:-$E2E_REPO/target/release/gpushare}
 [[ -x $BIN ]] || { echo "e2e-k8s: $BIN not built (cargo build --release)" >&2; exit 1; }
 EXT_PORT=${GPUSHARE_EXT_PORT:-39999}
 STATUS_PORT=${GPUSHARE_STATUS_PORT:-39998}

@@ -257,6 +257,17 @@ EOF
     write_pod bad-pre "$(assignment 1 2048 33)" 2 33
     e2e_check "$V: pre-installed plugin refuses core 33" create_refused bad-pre "33 is not a multiple of 5"
 
+    # Fail closed: quotas configured but the controller cannot start (no cgroupfs at its root):
+    # GPU containers are refused with the reason, others still run.
+    echo "cgroup_root = \"$E2E_ROOT/no-cgroupfs\"" >>"$E2E_NRI_CONF_DIR/10-gpushare.conf"
+    e2e_restart_containerd
+    e2e_check "$V: pre-installed plugin without a working controller registered" wait_healthy
+    write_pod gpu5 "$(assignment 2 1024 10)" 1 10
+    e2e_check "$V: no controller → GPU container refused with the reason" create_refused gpu5 \
+        "GPU containers are refused on this node until its quotas can be enforced: the throttling controller cannot start"
+    write_pod plain2 "" "" ""
+    e2e_check "$V: no controller → a container without a GPU still runs" run_pod plain2
+
     e2e_stop_containerd
     rm -f "$E2E_ROOT/agent.log" 2>/dev/null || true
 done
