@@ -13,6 +13,7 @@ use crate::gpu::Backend;
 use crate::node::{AgentState, Node};
 use crate::nri::plugin::{self, Registration};
 use crate::throttle::controller::Running;
+use crate::throttle::source::SampleSource;
 
 #[derive(Args, Clone, Debug, Default)]
 pub struct NodeArgs {
@@ -156,7 +157,8 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<()> {
         );
         let gpus = (state.node_name.clone(), state.inventory.clone());
         let node = Arc::new(Node::new(state));
-        let controller = start_controller(&cfg, &node, backend)?;
+        let Backend { source, health, .. } = backend;
+        let controller = start_controller(&cfg, &node, source)?;
         if let Some(addr) = cfg.status_listen.clone() {
             let n = node.clone();
             let listener = tokio::net::TcpListener::bind(&addr)
@@ -182,6 +184,14 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<()> {
                 )),
             )
         });
+        // GPU health (NVML or the sim file) → the device plugin's devices and the node
+        // annotation.
+        let health_task = device_plugin.as_ref().map(|dp| {
+            let plugins = dp.plugins_handle();
+            tokio::spawn(crate::gpu::health::poll(health, HEALTH_PERIOD, move |u| {
+                plugins.set_unhealthy(u)
+            }))
+        });
         let reg = Registration {
             name: cfg.plugin_name.clone(),
             index: cfg.plugin_index.clone(),
@@ -190,6 +200,9 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<()> {
         tokio::select! {
             _ = plugin::run_external(&socket, reg, node) => {}
             _ = super::shutdown_signal() => tracing::info!("shutting down"),
+        }
+        if let Some(t) = health_task {
+            t.abort();
         }
         if let Some(dp) = device_plugin {
             dp.shutdown().await;
@@ -201,11 +214,14 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<()> {
     })
 }
 
-/// Starts the throttling controller for `node` when enabled, sampling from `backend`.
+/// How often GPU health is read.
+const HEALTH_PERIOD: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Starts the throttling controller for `node` when enabled, sampling from `source`.
 fn start_controller(
     cfg: &NodeConfig,
     node: &Arc<Node>,
-    backend: Backend,
+    source: Box<dyn SampleSource>,
 ) -> anyhow::Result<Option<Running>> {
     if !cfg.throttle.enabled {
         tracing::warn!("throttling controller disabled: quotas are not enforced");
@@ -215,7 +231,7 @@ fn start_controller(
     let running = crate::throttle::controller::start(
         &cfg.throttle,
         node.registry.clone(),
-        backend.source,
+        source,
         Some(&exe),
     )?;
     node.attach_controller(&running);
@@ -244,7 +260,7 @@ pub fn run_preinstalled(fd: &str) -> anyhow::Result<()> {
                 super::logging::reconfigure(&cfg.log);
                 let mut started = status_started.lock().expect("status lock");
                 if !*started && let Some(node) = weak.upgrade() {
-                    match start_controller(cfg, &node, backend) {
+                    match start_controller(cfg, &node, backend.source) {
                         // Runs for the life of the process; the guardian covers its end.
                         Ok(running) => std::mem::forget(running),
                         Err(e) => {

@@ -202,6 +202,11 @@ impl Agent {
         &self.plugins
     }
 
+    /// The plugins, shared (for tasks that outlive a borrow, like the health poller).
+    pub fn plugins_handle(&self) -> Arc<DevicePlugins> {
+        self.plugins.clone()
+    }
+
     /// Stops the node sync and every endpoint, removing our sockets.
     pub async fn shutdown(self) {
         for t in &self.tasks {

@@ -5,7 +5,7 @@
 //! and per GPU. Device IDs are stable and readable (`gpu-mem-1-7`, `gpu-core-1-29`, `gpu-1`), so
 //! kubelet's checkpoint survives an agent restart.
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::HashSet;
 
 use super::api;
 use gpushare_core::inventory::Inventory;
@@ -18,8 +18,7 @@ use gpushare_core::request::limits::{
 pub const HEALTHY: &str = "Healthy";
 pub const UNHEALTHY: &str = "Unhealthy";
 
-/// Indexes of the GPUs that are currently unhealthy.
-pub type Unhealthy = BTreeSet<u32>;
+pub use crate::gpu::health::Unhealthy;
 
 /// Devices of one GPU for the core resource: one per percent.
 pub const CORE_DEVICES_PER_GPU: u32 = 100;

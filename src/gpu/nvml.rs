@@ -4,6 +4,7 @@
 use std::collections::{HashMap, HashSet};
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use nvml_wrapper::Nvml;
 use nvml_wrapper::enums::device::UsedGpuMemory;
@@ -96,14 +97,14 @@ pub fn aggregate(
 /// `running_compute_processes` for memory; PIDs mapped to containers through
 /// `/proc/PID/cgroup`.
 pub struct NvmlSource {
-    nvml: Nvml,
+    nvml: Arc<Nvml>,
     pidmap: PidMap,
     last_ts: HashMap<u32, u64>,
     known: HashSet<String>,
 }
 
 impl NvmlSource {
-    pub fn new(nvml: Nvml, proc_root: PathBuf, version: CgroupVersion) -> Self {
+    pub fn new(nvml: Arc<Nvml>, proc_root: PathBuf, version: CgroupVersion) -> Self {
         NvmlSource {
             nvml,
             pidmap: PidMap::new(proc_root, version),

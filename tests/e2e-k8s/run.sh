@@ -174,6 +174,17 @@ e2e_check "allocatable gpu-mem is 60" alloc_is gpu-mem 60
 kc get node "$K8S_NODE" -o yaml | grep -E '^\s+aliyun.com/' | sort -u
 e2e_check "node annotation gpushare.io/gpus lists 4 GPUs" bash -c \
     "$K8S_KUBECTL get node $K8S_NODE -o json | jq -e '.metadata.annotations[\"gpushare.io/gpus\"] | fromjson | .gpus | length == 4'"
+# GPU health from the backend (sim: the indexes in <state>/sim/unhealthy; NVML: lost GPUs and
+# new uncorrected ECC errors) reaches the node annotation and kubelet's allocatable.
+gpu3_health="$K8S_KUBECTL get node $K8S_NODE -o json | jq -r '.metadata.annotations[\"gpushare.io/gpus\"] | fromjson | .gpus[] | select(.index == 3) | .healthy'"
+mkdir -p "$ROOT/agent-state/sim" && echo 3 >"$ROOT/agent-state/sim/unhealthy"
+e2e_check "GPU 3 reported unhealthy → node annotation says healthy: false" wait_for 30 "GPU 3 unhealthy" \
+    bash -c "[[ \$($gpu3_health) == false ]]"
+e2e_check "… and allocatable gpu-mem drops to 45" wait_for 60 "gpu-mem 45" alloc_is gpu-mem 45
+rm -f "$ROOT/agent-state/sim/unhealthy"
+e2e_check "GPU 3 healthy again → node annotation says healthy: true" wait_for 60 "GPU 3 healthy" \
+    bash -c "[[ \$($gpu3_health) == true ]]"
+e2e_require "… and allocatable gpu-mem is back to 60" wait_for 60 "gpu-mem 60" alloc_is gpu-mem 60
 e2e_require "gpushare scheduler (extender) starts and syncs" start_extender
 
 echo "=== 2. the sample Job (2 GiB, 30 %) and an unconstrained pod"
