@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use gpushare::scheduler::cache::Cluster;
-use gpushare::scheduler::server::{Binder, Extender, router};
+use gpushare::scheduler::server::{ApiError, Binder, Extender, router};
 use gpushare::scheduler::wire::{ExtenderArgs, ExtenderBindingArgs};
 use gpushare_core::request::node::{NODE_GPUS_ANNOTATION, NodeGpu, NodeGpus};
 use gpushare_core::request::{ASSIGNMENT_ANNOTATION, ResourceNames};
@@ -109,18 +109,21 @@ struct MemoryApi {
 
 #[async_trait]
 impl Binder for MemoryApi {
-    async fn get_pod(&self, _ns: &str, name: &str) -> Result<Pod, String> {
+    async fn get_pod(&self, ns: &str, name: &str) -> Result<Pod, ApiError> {
         self.pods
             .get(name)
             .cloned()
-            .ok_or_else(|| format!("no pod {name}"))
+            .ok_or_else(|| ApiError::GetPod {
+                pod: format!("{ns}/{name}"),
+                source: "no such pod".into(),
+            })
     }
     async fn annotate(
         &self,
         _ns: &str,
         name: &str,
         a: BTreeMap<String, Option<String>>,
-    ) -> Result<(), String> {
+    ) -> Result<(), ApiError> {
         if let Some(Some(v)) = a.get(ASSIGNMENT_ANNOTATION) {
             self.assignments
                 .lock()
@@ -129,7 +132,7 @@ impl Binder for MemoryApi {
         }
         Ok(())
     }
-    async fn bind(&self, _ns: &str, name: &str, _uid: &str, node: &str) -> Result<(), String> {
+    async fn bind(&self, _ns: &str, name: &str, _uid: &str, node: &str) -> Result<(), ApiError> {
         self.bound
             .lock()
             .unwrap()

@@ -1,6 +1,7 @@
 //! gpushare: shared-GPU scheduling for Kubernetes. See README.md and DESIGN notes there.
 
 pub mod backoff;
+pub mod cluster_view;
 pub mod cmd;
 pub mod config;
 pub mod deviceplugin;

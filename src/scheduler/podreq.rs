@@ -4,6 +4,7 @@
 
 use k8s_openapi::api::core::v1::{Container, Pod};
 
+use crate::cluster_view::pod_key;
 use gpushare_core::placement::{GpuDemand, InvalidRequest, Request};
 use gpushare_core::request::limits::parse_limits;
 use gpushare_core::request::{
@@ -57,6 +58,14 @@ pub enum PodError {
     CoreOverOneGpu { core_field: String, total: u32 },
 }
 
+/// A pod whose GPU request is refused, named.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("pod {pod}: {source}")]
+pub struct InvalidPod {
+    pub pod: String,
+    pub source: Box<PodError>,
+}
+
 fn limits_of(c: &Container) -> std::collections::HashMap<String, String> {
     let Some(r) = &c.resources else {
         return Default::default();
@@ -76,7 +85,7 @@ fn limits_of(c: &Container) -> std::collections::HashMap<String, String> {
 
 /// The pod's GPU demand; `Ok(None)` for a pod without GPU resources.
 pub fn pod_demand(pod: &Pod, names: &ResourceNames) -> Result<Option<PodDemand>, PodError> {
-    let name = pod_key(pod);
+    let name = pod_key(pod).to_string();
     let mut shares: Vec<ContainerShare> = Vec::new();
     let containers = pod.spec.iter().flat_map(|s| s.containers.iter());
     for c in containers {
@@ -149,15 +158,6 @@ pub fn pod_demand(pod: &Pod, names: &ResourceNames) -> Result<Option<PodDemand>,
         request,
         containers: shares,
     }))
-}
-
-/// `namespace/name`.
-pub fn pod_key(pod: &Pod) -> String {
-    format!(
-        "{}/{}",
-        pod.metadata.namespace.as_deref().unwrap_or("default"),
-        pod.metadata.name.as_deref().unwrap_or("")
-    )
 }
 
 impl PodDemand {

@@ -15,31 +15,133 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use k8s_openapi::api::core::v1::Pod;
 
-use super::cache::Cluster;
-use super::podreq::pod_key;
+use super::cache::{Cluster, ReserveError};
 use super::wire::{
     ExtenderArgs, ExtenderBindingArgs, ExtenderBindingResult, ExtenderFilterResult, HostPriority,
 };
+use crate::cluster_view::pod_key;
 use gpushare_core::request::ASSIGNMENT_ANNOTATION;
 use gpushare_core::request::node::{
     ACK_GPU_MEM_ASSIGNED, ACK_GPU_MEM_ASSUME_TIME, ACK_GPU_MEM_DEV, ACK_GPU_MEM_IDX,
     ACK_GPU_MEM_POD,
 };
 
+/// A boxed cause (the API client's error, or a stand-in's).
+pub type Cause = Box<dyn std::error::Error + Send + Sync>;
+
+/// A fault: the API server did not do what bind asked (the pod may well fit).
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    #[error("cannot read pod {pod}: {source}")]
+    GetPod { pod: String, source: Cause },
+    #[error("cannot annotate pod {pod}: {source}")]
+    Annotate { pod: String, source: Cause },
+    #[error("cannot bind pod {pod} to {node}: {source}")]
+    Bind {
+        pod: String,
+        node: String,
+        source: Cause,
+    },
+}
+
+impl ApiError {
+    /// What the API client said, without our context.
+    pub fn cause(&self) -> &Cause {
+        match self {
+            ApiError::GetPod { source, .. }
+            | ApiError::Annotate { source, .. }
+            | ApiError::Bind { source, .. } => source,
+        }
+    }
+}
+
+/// A refusal: this pod cannot be bound to this node (retrying the same request will not help
+/// until something changes).
+#[derive(Debug, thiserror::Error)]
+pub enum BindRefusal {
+    #[error("pod {pod} has UID {uid}, the bind request names {requested}")]
+    UidMismatch {
+        pod: String,
+        uid: String,
+        requested: String,
+    },
+    #[error("pod {pod} is already bound to {node}")]
+    AlreadyBound { pod: String, node: String },
+    #[error(transparent)]
+    Reserve(#[from] ReserveError),
+}
+
+/// Why `bind` did not bind: a refusal or a fault. Both reach kube-scheduler the same way (the
+/// `Error` of the bind answer, HTTP 200: the extender protocol has no other channel); the
+/// types keep them apart for logs and callers.
+#[derive(Debug, thiserror::Error)]
+pub enum BindError {
+    #[error(transparent)]
+    Refused(#[from] BindRefusal),
+    #[error(transparent)]
+    Fault(#[from] ApiError),
+}
+
+impl From<ReserveError> for BindError {
+    fn from(e: ReserveError) -> Self {
+        BindError::Refused(e.into())
+    }
+}
+
+impl BindError {
+    pub fn is_fault(&self) -> bool {
+        matches!(self, BindError::Fault(_))
+    }
+}
+
+impl From<BindError> for ExtenderBindingResult {
+    fn from(e: BindError) -> Self {
+        ExtenderBindingResult {
+            error: e.to_string(),
+        }
+    }
+}
+
+/// Why `filter` answers with an error instead of nodes.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FilterError {
+    /// A refusal: the request is malformed.
+    #[error("filter: the request carries no Pod")]
+    NoPod,
+    /// A fault: we cannot decide yet (kube-scheduler retries).
+    #[error("gpushare scheduler: cache not synced with the API server yet")]
+    NotSynced,
+}
+
+impl From<FilterError> for ExtenderFilterResult {
+    fn from(e: FilterError) -> Self {
+        ExtenderFilterResult {
+            error: e.to_string(),
+            ..Default::default()
+        }
+    }
+}
+
 /// What `bind` needs from the API server (a trait so the benchmark and tests can run the
 /// extender without one).
 #[async_trait]
 pub trait Binder: Send + Sync {
-    async fn get_pod(&self, namespace: &str, name: &str) -> Result<Pod, String>;
+    async fn get_pod(&self, namespace: &str, name: &str) -> Result<Pod, ApiError>;
     /// Merge-patches pod annotations (`None` removes one).
     async fn annotate(
         &self,
         namespace: &str,
         name: &str,
         annotations: BTreeMap<String, Option<String>>,
-    ) -> Result<(), String>;
+    ) -> Result<(), ApiError>;
     /// Creates the pod's Binding to `node`.
-    async fn bind(&self, namespace: &str, name: &str, uid: &str, node: &str) -> Result<(), String>;
+    async fn bind(
+        &self,
+        namespace: &str,
+        name: &str,
+        uid: &str,
+        node: &str,
+    ) -> Result<(), ApiError>;
 }
 
 /// Latency histogram (seconds) with fixed buckets.
@@ -137,14 +239,8 @@ impl Extender {
         let t = Instant::now();
         let names = candidate_names(args);
         let out = match &args.pod {
-            None => ExtenderFilterResult {
-                error: "filter: the request carries no Pod".into(),
-                ..Default::default()
-            },
-            Some(_) if !self.synced() => ExtenderFilterResult {
-                error: "gpushare scheduler: cache not synced with the API server yet".into(),
-                ..Default::default()
-            },
+            None => FilterError::NoPod.into(),
+            Some(_) if !self.synced() => FilterError::NotSynced.into(),
             Some(pod) => self.lock().filter(pod, &names),
         };
         self.metrics.filter.observe(t);
@@ -174,30 +270,34 @@ impl Extender {
             }
             Err(e) => {
                 self.metrics.binds_failed.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(pod = %format!("{}/{}", args.pod_namespace, args.pod_name), node = %args.node, "bind failed: {e}");
-                ExtenderBindingResult { error: e }
+                tracing::warn!(pod = %format!("{}/{}", args.pod_namespace, args.pod_name), node = %args.node, fault = e.is_fault(), "bind failed: {e}");
+                e.into()
             }
         }
     }
 
-    async fn bind_inner(&self, args: &ExtenderBindingArgs) -> Result<(), String> {
+    async fn bind_inner(&self, args: &ExtenderBindingArgs) -> Result<(), BindError> {
         let (ns, name, node) = (&args.pod_namespace, &args.pod_name, &args.node);
         let pod = self.binder.get_pod(ns, name).await?;
         let uid = pod.metadata.uid.clone().unwrap_or_default();
         if !args.pod_uid.is_empty() && uid != args.pod_uid {
-            return Err(format!(
-                "pod {ns}/{name} has UID {uid}, the bind request names {}",
-                args.pod_uid
-            ));
+            return Err(BindRefusal::UidMismatch {
+                pod: format!("{ns}/{name}"),
+                uid,
+                requested: args.pod_uid.clone(),
+            }
+            .into());
         }
         if let Some(bound) = pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) {
-            return Err(format!("pod {ns}/{name} is already bound to {bound}"));
+            return Err(BindRefusal::AlreadyBound {
+                pod: format!("{ns}/{name}"),
+                node: bound.to_string(),
+            }
+            .into());
         }
         let (reserved, unit, dev) = {
             let mut c = self.lock();
-            let r = c
-                .reserve(&pod, node, now_rfc3339())
-                .map_err(|e| e.to_string())?;
+            let r = c.reserve(&pod, node, now_rfc3339())?;
             let unit = c.names().memory_unit.mib();
             let first = r.allocation.gpus.first().copied().unwrap_or(0) as usize;
             let dev = c
@@ -237,16 +337,16 @@ impl Extender {
         }
         if let Err(e) = self.binder.annotate(ns, name, ann.clone()).await {
             self.lock().forget_pod(&uid);
-            return Err(format!("cannot annotate pod {ns}/{name}: {e}"));
+            return Err(e.into());
         }
         if let Err(e) = self.binder.bind(ns, name, &uid, node).await {
             self.lock().forget_pod(&uid);
             // Take the assignment back so nothing on the pod claims GPUs it does not hold.
             let clear = ann.keys().map(|k| (k.clone(), None)).collect();
             if let Err(e2) = self.binder.annotate(ns, name, clear).await {
-                tracing::warn!(pod = %pod_key(&pod), "cannot remove the assignment after a failed bind: {e2}");
+                tracing::warn!(pod = %pod_key(&pod), "cannot remove the assignment after a failed bind: {}", e2.cause());
             }
-            return Err(format!("cannot bind pod {ns}/{name} to {node}: {e}"));
+            return Err(e.into());
         }
         tracing::info!(
             pod = %pod_key(&pod), node = %node, gpus = ?reserved.allocation.gpus,

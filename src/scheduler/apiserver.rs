@@ -13,7 +13,7 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 
-use super::server::{Binder, Extender};
+use super::server::{ApiError, Binder, Extender};
 
 /// Annotates and binds through the API server.
 pub struct KubeBinder {
@@ -22,11 +22,14 @@ pub struct KubeBinder {
 
 #[async_trait]
 impl Binder for KubeBinder {
-    async fn get_pod(&self, namespace: &str, name: &str) -> Result<Pod, String> {
-        Api::<Pod>::namespaced(self.client.clone(), namespace)
+    async fn get_pod(&self, namespace: &str, name: &str) -> Result<Pod, ApiError> {
+        self.pods(namespace)
             .get(name)
             .await
-            .map_err(|e| format!("cannot read pod {namespace}/{name}: {e}"))
+            .map_err(|e| ApiError::GetPod {
+                pod: format!("{namespace}/{name}"),
+                source: e.into(),
+            })
     }
 
     async fn annotate(
@@ -34,16 +37,25 @@ impl Binder for KubeBinder {
         namespace: &str,
         name: &str,
         annotations: BTreeMap<String, Option<String>>,
-    ) -> Result<(), String> {
+    ) -> Result<(), ApiError> {
         let patch = serde_json::json!({ "metadata": { "annotations": annotations } });
-        Api::<Pod>::namespaced(self.client.clone(), namespace)
+        self.pods(namespace)
             .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
             .await
             .map(|_| ())
-            .map_err(|e| e.to_string())
+            .map_err(|e| ApiError::Annotate {
+                pod: format!("{namespace}/{name}"),
+                source: e.into(),
+            })
     }
 
-    async fn bind(&self, namespace: &str, name: &str, uid: &str, node: &str) -> Result<(), String> {
+    async fn bind(
+        &self,
+        namespace: &str,
+        name: &str,
+        uid: &str,
+        node: &str,
+    ) -> Result<(), ApiError> {
         let binding = Binding {
             metadata: ObjectMeta {
                 name: Some(name.to_string()),
@@ -58,7 +70,7 @@ impl Binder for KubeBinder {
                 ..Default::default()
             },
         };
-        Api::<Pod>::namespaced(self.client.clone(), namespace)
+        self.pods(namespace)
             .create_subresource::<Binding, serde_json::Value>(
                 "binding",
                 name,
@@ -67,7 +79,17 @@ impl Binder for KubeBinder {
             )
             .await
             .map(|_| ())
-            .map_err(|e| e.to_string())
+            .map_err(|e| ApiError::Bind {
+                pod: format!("{namespace}/{name}"),
+                node: node.to_string(),
+                source: e.into(),
+            })
+    }
+}
+
+impl KubeBinder {
+    fn pods(&self, namespace: &str) -> Api<Pod> {
+        Api::namespaced(self.client.clone(), namespace)
     }
 }
 
