@@ -19,7 +19,7 @@ use super::cache::{Cluster, ReserveError};
 use super::wire::{
     ExtenderArgs, ExtenderBindingArgs, ExtenderBindingResult, ExtenderFilterResult, HostPriority,
 };
-use crate::cluster_view::pod_key;
+use crate::cluster_view::{PodKey, pod_key};
 use gpushare_core::request::ASSIGNMENT_ANNOTATION;
 use gpushare_core::request::node::{
     ACK_GPU_MEM_ASSIGNED, ACK_GPU_MEM_ASSUME_TIME, ACK_GPU_MEM_DEV, ACK_GPU_MEM_IDX,
@@ -33,12 +33,12 @@ pub type Cause = Box<dyn std::error::Error + Send + Sync>;
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
     #[error("cannot read pod {pod}: {source}")]
-    GetPod { pod: String, source: Cause },
+    GetPod { pod: PodKey, source: Cause },
     #[error("cannot annotate pod {pod}: {source}")]
-    Annotate { pod: String, source: Cause },
+    Annotate { pod: PodKey, source: Cause },
     #[error("cannot bind pod {pod} to {node}: {source}")]
     Bind {
-        pod: String,
+        pod: PodKey,
         node: String,
         source: Cause,
     },
@@ -126,23 +126,15 @@ impl From<FilterError> for ExtenderFilterResult {
 /// extender without one).
 #[async_trait]
 pub trait Binder: Send + Sync {
-    async fn get_pod(&self, namespace: &str, name: &str) -> Result<Pod, ApiError>;
+    async fn get_pod(&self, pod: &PodKey) -> Result<Pod, ApiError>;
     /// Merge-patches pod annotations (`None` removes one).
-    async fn annotate(
-        &self,
-        namespace: &str,
-        name: &str,
-        annotations: BTreeMap<String, Option<String>>,
-    ) -> Result<(), ApiError>;
+    async fn annotate(&self, pod: &PodKey, annotations: Annotations) -> Result<(), ApiError>;
     /// Creates the pod's Binding to `node`.
-    async fn bind(
-        &self,
-        namespace: &str,
-        name: &str,
-        uid: &str,
-        node: &str,
-    ) -> Result<(), ApiError>;
+    async fn bind(&self, pod: &PodKey, uid: &str, node: &str) -> Result<(), ApiError>;
 }
+
+/// Annotations to merge into a pod (`None` removes one).
+pub type Annotations = BTreeMap<String, Option<String>>;
 
 /// Latency histogram (seconds) with fixed buckets.
 #[derive(Debug)]
@@ -277,12 +269,16 @@ impl Extender {
     }
 
     async fn bind_inner(&self, args: &ExtenderBindingArgs) -> Result<(), BindError> {
-        let (ns, name, node) = (&args.pod_namespace, &args.pod_name, &args.node);
-        let pod = self.binder.get_pod(ns, name).await?;
+        let key = PodKey {
+            namespace: args.pod_namespace.clone(),
+            name: args.pod_name.clone(),
+        };
+        let node = &args.node;
+        let pod = self.binder.get_pod(&key).await?;
         let uid = pod.metadata.uid.clone().unwrap_or_default();
         if !args.pod_uid.is_empty() && uid != args.pod_uid {
             return Err(BindRefusal::UidMismatch {
-                pod: format!("{ns}/{name}"),
+                pod: key.to_string(),
                 uid,
                 requested: args.pod_uid.clone(),
             }
@@ -290,7 +286,7 @@ impl Extender {
         }
         if let Some(bound) = pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) {
             return Err(BindRefusal::AlreadyBound {
-                pod: format!("{ns}/{name}"),
+                pod: key.to_string(),
                 node: bound.to_string(),
             }
             .into());
@@ -307,7 +303,7 @@ impl Extender {
                 .map(|g| g.memory_mib / unit);
             (r, unit, dev)
         };
-        let mut ann: BTreeMap<String, Option<String>> = BTreeMap::new();
+        let mut ann = Annotations::new();
         ann.insert(
             ASSIGNMENT_ANNOTATION.into(),
             Some(reserved.assignment.to_json()),
@@ -335,15 +331,15 @@ impl Extender {
         if let Some(dev) = dev {
             ann.insert(ACK_GPU_MEM_DEV.into(), Some(dev.to_string()));
         }
-        if let Err(e) = self.binder.annotate(ns, name, ann.clone()).await {
+        if let Err(e) = self.binder.annotate(&key, ann.clone()).await {
             self.lock().forget_pod(&uid);
             return Err(e.into());
         }
-        if let Err(e) = self.binder.bind(ns, name, &uid, node).await {
+        if let Err(e) = self.binder.bind(&key, &uid, node).await {
             self.lock().forget_pod(&uid);
             // Take the assignment back so nothing on the pod claims GPUs it does not hold.
             let clear = ann.keys().map(|k| (k.clone(), None)).collect();
-            if let Err(e2) = self.binder.annotate(ns, name, clear).await {
+            if let Err(e2) = self.binder.annotate(&key, clear).await {
                 tracing::warn!(pod = %pod_key(&pod), "cannot remove the assignment after a failed bind: {}", e2.cause());
             }
             return Err(e.into());
@@ -526,6 +522,62 @@ async fn allocations(State(e): State<Arc<Extender>>) -> impl IntoResponse {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Knows one pod (`ns/p`, UID `u`, no GPU resources); binds nothing.
+    struct OnePod;
+
+    #[async_trait]
+    impl Binder for OnePod {
+        async fn get_pod(&self, pod: &PodKey) -> Result<Pod, ApiError> {
+            if pod.name != "p" {
+                return Err(ApiError::GetPod {
+                    pod: pod.clone(),
+                    source: "not found".into(),
+                });
+            }
+            let mut p = Pod::default();
+            p.metadata.namespace = Some(pod.namespace.clone());
+            p.metadata.name = Some(pod.name.clone());
+            p.metadata.uid = Some("u".into());
+            Ok(p)
+        }
+        async fn annotate(&self, _: &PodKey, _: Annotations) -> Result<(), ApiError> {
+            Ok(())
+        }
+        async fn bind(&self, _: &PodKey, _: &str, _: &str) -> Result<(), ApiError> {
+            Ok(())
+        }
+    }
+
+    #[tokio::test]
+    async fn refusals_and_faults_answer_with_their_message() {
+        let cluster = Cluster::new(
+            "gpushare",
+            gpushare_core::request::ResourceNames::default(),
+            std::time::Duration::from_secs(60),
+        );
+        let ext = Extender::new(cluster, Arc::new(OnePod));
+        let args = |name: &str, uid: &str| ExtenderBindingArgs {
+            pod_name: name.into(),
+            pod_namespace: "ns".into(),
+            pod_uid: uid.into(),
+            node: "a".into(),
+        };
+        let e = ext.bind_inner(&args("q", "")).await.unwrap_err();
+        assert!(e.is_fault(), "{e:?}");
+        assert_eq!(e.to_string(), "cannot read pod ns/q: not found");
+        let e = ext.bind_inner(&args("p", "v")).await.unwrap_err();
+        assert!(!e.is_fault(), "{e:?}");
+        assert_eq!(
+            ExtenderBindingResult::from(e).error,
+            "pod ns/p has UID u, the bind request names v"
+        );
+        let answer = ext.bind(&args("p", "u")).await;
+        assert_eq!(answer.error, "pod ns/p asks for no GPU resource");
+        assert_eq!(ext.metrics.binds_failed.load(Ordering::Relaxed), 1);
+        let r = ext.filter(&ExtenderArgs::default());
+        assert_eq!(r.error, "filter: the request carries no Pod");
+    }
 
     #[test]
     fn rfc3339() {
