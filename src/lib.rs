@@ -8,6 +8,7 @@ pub mod deviceplugin;
 pub mod gpu;
 pub mod inspect;
 pub mod kubeclient;
+pub mod metrics;
 pub mod node;
 pub mod nri;
 pub mod registry;

@@ -2,7 +2,6 @@
 //! protocol), `GET /healthz`, `/metrics` (Prometheus text) and `/allocations` (JSON).
 
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -20,6 +19,7 @@ use super::wire::{
     ExtenderArgs, ExtenderBindingArgs, ExtenderBindingResult, ExtenderFilterResult, HostPriority,
 };
 use crate::cluster_view::{PodKey, pod_key};
+use crate::metrics::{Kind, Metrics as PromText};
 use gpushare_core::request::ASSIGNMENT_ANNOTATION;
 use gpushare_core::request::node::{
     ACK_GPU_MEM_ASSIGNED, ACK_GPU_MEM_ASSUME_TIME, ACK_GPU_MEM_DEV, ACK_GPU_MEM_IDX,
@@ -168,22 +168,22 @@ impl Histogram {
         self.sum_ns.fetch_add((s * 1e9) as u64, Ordering::Relaxed);
     }
 
-    fn write(&self, out: &mut String, name: &str, labels: &str) {
-        for (b, le) in self.buckets.iter().zip(BUCKETS_S) {
-            let _ = writeln!(
-                out,
-                "{name}_bucket{{{labels},le=\"{le}\"}} {}",
-                b.load(Ordering::Relaxed)
-            );
-        }
+    /// Its `_bucket`, `_sum` and `_count` samples, with `labels`.
+    fn write(&self, m: &mut PromText, name: &str, labels: &[(&str, &str)]) {
+        let bucket = format!("{name}_bucket");
+        let les = BUCKETS_S.iter().map(|le| le.to_string());
+        let counts = self.buckets.iter().map(|b| b.load(Ordering::Relaxed));
         let count = self.count.load(Ordering::Relaxed);
-        let _ = writeln!(out, "{name}_bucket{{{labels},le=\"+Inf\"}} {count}");
-        let _ = writeln!(
-            out,
-            "{name}_sum{{{labels}}} {}",
-            self.sum_ns.load(Ordering::Relaxed) as f64 / 1e9
+        for (le, n) in les.chain(["+Inf".into()]).zip(counts.chain([count])) {
+            let l: Vec<(&str, &str)> = labels.iter().copied().chain([("le", &*le)]).collect();
+            m.sample_of(&bucket, &l, n);
+        }
+        m.sample_of(
+            &format!("{name}_sum"),
+            labels,
+            self.sum_ns.load(Ordering::Relaxed) as f64 / 1e9,
         );
-        let _ = writeln!(out, "{name}_count{{{labels}}} {count}");
+        m.sample_of(&format!("{name}_count"), labels, count);
     }
 }
 
@@ -352,71 +352,48 @@ impl Extender {
     }
 
     pub fn metrics_text(&self) -> String {
-        let mut out = String::new();
+        let mut out = PromText::new();
         let m = &self.metrics;
-        let _ = writeln!(out, "# TYPE gpushare_extender_request_seconds histogram");
-        m.filter.write(
-            &mut out,
-            "gpushare_extender_request_seconds",
-            "verb=\"filter\"",
-        );
-        m.prioritize.write(
-            &mut out,
-            "gpushare_extender_request_seconds",
-            "verb=\"prioritize\"",
-        );
-        m.bind.write(
-            &mut out,
-            "gpushare_extender_request_seconds",
-            "verb=\"bind\"",
-        );
-        let _ = writeln!(out, "# TYPE gpushare_extender_binds_total counter");
-        let _ = writeln!(
-            out,
-            "gpushare_extender_binds_total{{result=\"ok\"}} {}",
-            m.binds_ok.load(Ordering::Relaxed)
-        );
-        let _ = writeln!(
-            out,
-            "gpushare_extender_binds_total{{result=\"failed\"}} {}",
-            m.binds_failed.load(Ordering::Relaxed)
-        );
-        let _ = writeln!(
-            out,
-            "gpushare_extender_assumed_expired_total {}",
-            m.assumed_expired.load(Ordering::Relaxed)
-        );
+        let latency = "gpushare_extender_request_seconds";
+        out.family(latency, Kind::Histogram);
+        for (verb, h) in [
+            ("filter", &m.filter),
+            ("prioritize", &m.prioritize),
+            ("bind", &m.bind),
+        ] {
+            h.write(&mut out, latency, &[("verb", verb)]);
+        }
+        out.family("gpushare_extender_binds_total", Kind::Counter)
+            .sample(&[("result", "ok")], m.binds_ok.load(Ordering::Relaxed))
+            .sample(
+                &[("result", "failed")],
+                m.binds_failed.load(Ordering::Relaxed),
+            )
+            .untyped("gpushare_extender_assumed_expired_total")
+            .sample(&[], m.assumed_expired.load(Ordering::Relaxed));
         let c = self.lock();
         let (mut assumed, mut bound) = (0, 0);
         for (_, a) in c.allocations() {
             if a.bound { bound += 1 } else { assumed += 1 }
         }
-        let _ = writeln!(out, "# TYPE gpushare_extender_allocations gauge");
-        let _ = writeln!(
-            out,
-            "gpushare_extender_allocations{{state=\"assumed\"}} {assumed}"
-        );
-        let _ = writeln!(
-            out,
-            "gpushare_extender_allocations{{state=\"bound\"}} {bound}"
-        );
-        let _ = writeln!(out, "gpushare_extender_gpu_nodes {}", c.gpu_nodes());
-        let _ = writeln!(out, "# TYPE gpushare_gpu_memory_allocated_mib gauge");
+        out.family("gpushare_extender_allocations", Kind::Gauge)
+            .sample(&[("state", "assumed")], assumed)
+            .sample(&[("state", "bound")], bound)
+            .untyped("gpushare_extender_gpu_nodes")
+            .sample(&[], c.gpu_nodes());
+        out.family("gpushare_gpu_memory_allocated_mib", Kind::Gauge);
         for (node, gpus) in c.usage() {
             for (i, (used, total, core, pods)) in gpus.iter().enumerate() {
-                let l = format!("node=\"{node}\",gpu=\"{i}\"");
-                let _ = writeln!(out, "gpushare_gpu_memory_allocated_mib{{{l}}} {used}");
-                let _ = writeln!(out, "gpushare_gpu_memory_mib{{{l}}} {total}");
-                let _ = writeln!(
-                    out,
-                    "gpushare_gpu_core_allocated_percent{{{l}}} {}",
-                    core / 10
-                );
-                let _ = writeln!(out, "gpushare_gpu_pods{{{l}}} {pods}");
+                let i = i.to_string();
+                let l = [("node", node.as_str()), ("gpu", i.as_str())];
+                out.sample(&l, used)
+                    .sample_of("gpushare_gpu_memory_mib", &l, total)
+                    .sample_of("gpushare_gpu_core_allocated_percent", &l, core / 10)
+                    .sample_of("gpushare_gpu_pods", &l, pods);
             }
         }
-        let _ = writeln!(out, "gpushare_extender_synced {}", self.synced() as u8);
-        out
+        out.sample_of("gpushare_extender_synced", &[], self.synced() as u8);
+        out.finish()
     }
 
     pub fn allocations_json(&self) -> serde_json::Value {
@@ -577,6 +554,42 @@ mod tests {
         assert_eq!(ext.metrics.binds_failed.load(Ordering::Relaxed), 1);
         let r = ext.filter(&ExtenderArgs::default());
         assert_eq!(r.error, "filter: the request carries no Pod");
+    }
+
+    #[test]
+    fn metrics_text_is_exact() {
+        use gpushare_core::request::node::{NODE_GPUS_ANNOTATION, NodeGpu, NodeGpus};
+        let mut cluster = Cluster::new(
+            "gpushare",
+            gpushare_core::request::ResourceNames::default(),
+            std::time::Duration::from_secs(60),
+        );
+        let gpus = NodeGpus {
+            version: 1,
+            gpus: (0..2)
+                .map(|index| NodeGpu {
+                    index,
+                    uuid: format!("GPU-{index}"),
+                    model: "sim".into(),
+                    memory_mib: 15360,
+                    healthy: true,
+                })
+                .collect(),
+        };
+        let mut node = k8s_openapi::api::core::v1::Node::default();
+        node.metadata.name = Some("a".into());
+        node.metadata.annotations =
+            Some([(NODE_GPUS_ANNOTATION.to_string(), gpus.to_json())].into());
+        cluster.set_node(&node);
+        let ext = Extender::new(cluster, Arc::new(OnePod));
+        ext.metrics.binds_ok.fetch_add(5, Ordering::Relaxed);
+        ext.metrics.binds_failed.fetch_add(2, Ordering::Relaxed);
+        ext.metrics.assumed_expired.fetch_add(1, Ordering::Relaxed);
+        ext.synced_nodes.store(true, Ordering::Release);
+        assert_eq!(
+            ext.metrics_text(),
+            include_str!("../../tests/golden/extender_metrics.txt")
+        );
     }
 
     #[test]
