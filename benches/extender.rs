@@ -15,7 +15,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use gpushare::cluster_view::PodKey;
+use gpushare::kubeobjects::PodKey;
 use gpushare::scheduler::cache::Cluster;
 use gpushare::scheduler::server::{Annotations, ApiError, Binder, Extender, router};
 use gpushare::scheduler::wire::{ExtenderArgs, ExtenderBindingArgs};

@@ -1,13 +1,13 @@
 //! gpushare: shared-GPU scheduling for Kubernetes. See README.md and DESIGN notes there.
 
 pub mod backoff;
-pub mod cluster_view;
 pub mod cmd;
 pub mod config;
 pub mod deviceplugin;
 pub mod gpu;
 pub mod inspect;
 pub mod kubeclient;
+pub mod kubeobjects;
 pub mod metrics;
 pub mod node;
 pub mod nri;

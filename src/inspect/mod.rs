@@ -8,7 +8,8 @@
 //! Numbers come from what the scheduler assigned (pod annotation `gpushare.io/assignment`), not
 //! from what pods request: that is what the node agent enforces. GPUs come from the node
 //! annotation `gpushare.io/gpus`; a node that has only the memory resource allocatable (no agent
-//! annotation yet) gets its GPUs inferred from the allocatable memory and count.
+//! annotation yet) gets its GPUs inferred from the allocatable memory and count. Annotations,
+//! labels and pod keys are read as the scheduler reads them ([`crate::kubeobjects`]).
 
 pub mod render;
 
@@ -18,7 +19,7 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, ListParams};
 use serde::Serialize;
 
-use crate::cluster_view::{self, PodKey};
+use crate::kubeobjects::{self, PodKey};
 use gpushare_core::placement::model::{PLACEMENT_LABEL, SCHEDULE_LABEL};
 use gpushare_core::request::ASSIGNMENT_ANNOTATION;
 use gpushare_core::request::limits::ResourceNames;
@@ -147,13 +148,20 @@ fn node_address(node: &Node) -> String {
         .unwrap_or_default()
 }
 
-fn allocatable_int(node: &Node, resource: &str) -> Option<Result<u64, String>> {
+/// An allocatable GPU resource that is not a whole number (a warning, not counted).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("allocatable {resource} {value:?} is not an integer")]
+struct NotAnInteger {
+    resource: String,
+    value: String,
+}
+
+fn allocatable_int(node: &Node, resource: &str) -> Option<Result<u64, NotAnInteger>> {
     let q = node.status.as_ref()?.allocatable.as_ref()?.get(resource)?;
-    Some(
-        q.0.trim()
-            .parse::<u64>()
-            .map_err(|_| format!("allocatable {resource} {:?} is not an integer", q.0)),
-    )
+    Some(q.0.trim().parse::<u64>().map_err(|_| NotAnInteger {
+        resource: resource.to_string(),
+        value: q.0.clone(),
+    }))
 }
 
 /// The GPUs of `node`, from its annotation or, failing that, its allocatable resources.
@@ -175,7 +183,7 @@ fn node_gpus(
         },
         shares: Vec::new(),
     };
-    if let Some(gpus) = cluster_view::node_gpus(node) {
+    if let Some(gpus) = kubeobjects::node_gpus(node) {
         match gpus {
             Ok(g) => {
                 let gpus = g
@@ -192,14 +200,14 @@ fn node_gpus(
         Ok(0) => return None,
         Ok(v) => v,
         Err(e) => {
-            warnings.push(e);
+            warnings.push(e.to_string());
             return None;
         }
     };
     let count = match allocatable_int(node, &names.count) {
         Some(Ok(c)) if c > 0 => c,
         Some(Err(e)) => {
-            warnings.push(e);
+            warnings.push(e.to_string());
             1
         }
         _ => 1,
@@ -263,7 +271,7 @@ pub fn build(
             }
             continue;
         };
-        let label = |k: &str| cluster_view::node_label(node, k).map(str::to_string);
+        let label = |k: &str| kubeobjects::node_label(node, k).map(str::to_string);
         views.insert(
             name.clone(),
             NodeView {
@@ -291,14 +299,14 @@ pub fn build(
 
     let mut pods: Vec<(PodKey, &Pod)> = pods
         .iter()
-        .filter(|p| cluster_view::is_active(p))
-        .map(|p| (cluster_view::pod_key(p), p))
+        .filter(|p| kubeobjects::is_active(p))
+        .map(|p| (kubeobjects::pod_key(p), p))
         .collect();
     pods.sort_by(|a, b| a.0.cmp(&b.0));
     for (key, pod) in pods {
         let who = format!("pod {key}");
-        let node_name = cluster_view::pod_node(pod).map(str::to_string);
-        let Some(assignment) = cluster_view::pod_assignment(pod) else {
+        let node_name = kubeobjects::pod_node(pod).map(str::to_string);
+        let Some(assignment) = kubeobjects::pod_assignment(pod) else {
             // Bound without an assignment: kubelet accounts its GPU resources, we cannot say
             // which GPU they are on.
             if let Some(n) = node_name.as_ref().and_then(|n| views.get_mut(n)) {

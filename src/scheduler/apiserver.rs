@@ -14,7 +14,7 @@ use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 
 use super::server::{Annotations, ApiError, Binder, Extender};
-use crate::cluster_view::PodKey;
+use crate::kubeobjects::PodKey;
 
 /// Annotates and binds through the API server.
 pub struct KubeBinder {

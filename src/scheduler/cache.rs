@@ -14,7 +14,7 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 
 use super::podreq::{InvalidPod, PodDemand, demand_of_assignment, pod_demand};
 use super::wire::{ExtenderFilterResult, HostPriority, MAX_SCORE};
-use crate::cluster_view::{self, pod_key};
+use crate::kubeobjects::{self, pod_key};
 use gpushare_core::placement::model::LabelError;
 use gpushare_core::placement::{
     Engine, GpuDemand, GpuSet, GpuSpec, NodeSpec, Placement, Reject, Request, Why, by_name,
@@ -116,7 +116,7 @@ fn engine_for(
 /// A node's spec for the engine, from its labels and GPU annotation.
 pub fn node_spec(node: &Node) -> Result<(NodeSpec, Vec<(u32, String)>), NodeError> {
     let name = node.metadata.name.clone().unwrap_or_default();
-    let gpus = match cluster_view::node_gpus(node) {
+    let gpus = match kubeobjects::node_gpus(node) {
         None => return Err(NodeError::NoGpus { node: name }),
         Some(Err(source)) => return Err(NodeError::Gpus { node: name, source }),
         Some(Ok(g)) => g,
@@ -147,7 +147,7 @@ pub fn node_spec(node: &Node) -> Result<(NodeSpec, Vec<(u32, String)>), NodeErro
         mode: ScheduleMode::Default,
         placement: None,
     }
-    .with_labels(&cluster_view::node_labels(node))
+    .with_labels(&kubeobjects::node_labels(node))
     .map_err(|source| NodeError::Labels { node: name, source })?;
     let uuids = gpus
         .gpus
@@ -305,14 +305,13 @@ impl Cluster {
             return;
         };
         // A pod being deleted keeps its GPUs until it has terminated.
-        if !cluster_view::is_active(pod) {
+        if !kubeobjects::is_active(pod) {
             self.forget_pod(&uid);
             return;
         }
-        let (Some(node), Some(assignment)) = (
-            cluster_view::pod_node(pod),
-            cluster_view::pod_assignment(pod),
-        ) else {
+        let (Some(node), Some(assignment)) =
+            (kubeobjects::pod_node(pod), kubeobjects::pod_assignment(pod))
+        else {
             return;
         };
         let Ok(a) = assignment else {

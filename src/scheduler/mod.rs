@@ -3,8 +3,10 @@
 //!
 //! - [`wire`] — the extender v1 wire types (Go field names);
 //! - [`podreq`] — what a pod asks for, and its assignment;
-//! - [`cache`] — nodes and allocations (assumed until seen bound), pure;
-//! - [`server`] — the HTTP handlers, bind, metrics;
+//! - [`cache`] — nodes and allocations (assumed until seen bound), pure; Node and Pod objects
+//!   are read through [`crate::kubeobjects`], as `gpushare inspect` reads them;
+//! - [`server`] — the HTTP handlers, bind (refusals and API faults as distinct error types),
+//!   metrics (through [`crate::metrics`]);
 //! - [`apiserver`] — the watches and the API-server binder.
 
 pub mod apiserver;

@@ -4,7 +4,7 @@
 
 use k8s_openapi::api::core::v1::{Container, Pod};
 
-use crate::cluster_view::pod_key;
+use crate::kubeobjects::pod_key;
 use gpushare_core::placement::{GpuDemand, InvalidRequest, Request};
 use gpushare_core::request::limits::parse_limits;
 use gpushare_core::request::{

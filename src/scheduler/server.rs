@@ -18,7 +18,7 @@ use super::cache::{Cluster, ReserveError};
 use super::wire::{
     ExtenderArgs, ExtenderBindingArgs, ExtenderBindingResult, ExtenderFilterResult, HostPriority,
 };
-use crate::cluster_view::{PodKey, pod_key};
+use crate::kubeobjects::{PodKey, pod_key};
 use crate::metrics::{Kind, Metrics as PromText};
 use gpushare_core::request::ASSIGNMENT_ANNOTATION;
 use gpushare_core::request::node::{

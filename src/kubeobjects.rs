@@ -1,5 +1,5 @@
 //! How gpushare reads Kubernetes Node and Pod objects, in one place for the scheduler's cache
-//! and `gpushare inspect`: a node's GPUs (annotation `gpushare.io/gpus`) and labels; a pod's
+//! (`scheduler::cache`) and `gpushare inspect` (`inspect::build`): a node's GPUs (annotation `gpushare.io/gpus`) and labels; a pod's
 //! key, whether it still holds what it was given, its node and its assignment
 //! (`gpushare.io/assignment`). Pure: what each caller makes of a missing or unreadable value
 //! (a refusal, a warning) stays with the caller.
