@@ -28,15 +28,15 @@ impl Display for Kind {
 
 /// Builds one exposition.
 #[derive(Debug, Default)]
-pub struct Metrics {
+pub struct PromText {
     out: String,
-    /// The family [`Metrics::sample`] writes to.
+    /// The family [`PromText::sample`] writes to.
     current: String,
 }
 
-impl Metrics {
+impl PromText {
     pub fn new() -> Self {
-        Metrics::default()
+        PromText::default()
     }
 
     /// `# HELP name text`.
@@ -45,13 +45,13 @@ impl Metrics {
         self
     }
 
-    /// `# TYPE name kind`; later [`Metrics::sample`]s belong to `name`.
+    /// `# TYPE name kind`; later [`PromText::sample`]s belong to `name`.
     pub fn family(&mut self, name: &str, kind: Kind) -> &mut Self {
         let _ = writeln!(self.out, "# TYPE {name} {kind}");
         self.untyped(name)
     }
 
-    /// Later [`Metrics::sample`]s belong to `name`, with no `# TYPE` line.
+    /// Later [`PromText::sample`]s belong to `name`, with no `# TYPE` line.
     pub fn untyped(&mut self, name: &str) -> &mut Self {
         self.current.clear();
         self.current.push_str(name);
@@ -115,7 +115,7 @@ mod tests {
 
     #[test]
     fn writes_the_text_format() {
-        let mut m = Metrics::new();
+        let mut m = PromText::new();
         m.help("a_total", "things done")
             .family("a_total", Kind::Counter)
             .sample(&[("result", "ok")], 3)

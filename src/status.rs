@@ -11,7 +11,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::any;
 use tokio::net::TcpListener;
 
-use crate::metrics::{CONTENT_TYPE, Kind, Metrics};
+use crate::metrics::{CONTENT_TYPE, Kind, PromText};
 use crate::node::Node;
 
 /// Per-container series of the throttling controller: name, type, help.
@@ -55,7 +55,7 @@ const CONTAINER_FAMILIES: [(&str, Kind, &str); 7] = [
 
 /// Prometheus text for the node.
 pub fn metrics(node: &Node) -> String {
-    let mut m = Metrics::new();
+    let mut m = PromText::new();
     let s = &node.stats;
     m.family("gpushare_nri_connected", Kind::Gauge)
         .sample(&[], s.connected.load(Ordering::Relaxed) as u8)

@@ -23,8 +23,27 @@ use gpushare_core::placement::{Workload, model::ScheduleMode};
 use gpushare_core::request::node::{NODE_GPUS_ANNOTATION, NodeGpusError};
 use gpushare_core::request::{ASSIGNMENT_ANNOTATION, Assignment, ResourceNames};
 
-/// One GPU's allocation: (memory allocated MiB, memory MiB, core allocated per-mille, pods).
-pub type GpuUsage = (u64, u64, u32, u32);
+/// What is allocated on one GPU. Serialized as the array
+/// `[memory allocated MiB, memory MiB, core allocated per-mille, pods]` (`/allocations`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GpuUsage {
+    pub memory_allocated_mib: u64,
+    pub memory_mib: u64,
+    pub core_allocated_milli: u32,
+    pub pods: u32,
+}
+
+impl serde::Serialize for GpuUsage {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        (
+            self.memory_allocated_mib,
+            self.memory_mib,
+            self.core_allocated_milli,
+            self.pods,
+        )
+            .serialize(s)
+    }
+}
 
 /// Large enough for any node: kube-scheduler itself checks CPU and memory.
 const UNLIMITED: u64 = u64::MAX / 4;
@@ -559,13 +578,11 @@ impl Cluster {
                     n.spec.name.clone(),
                     n.gpus
                         .iter()
-                        .map(|g| {
-                            (
-                                g.memory_mib - g.memory_free,
-                                g.memory_mib,
-                                1000 - g.core_free,
-                                g.pods,
-                            )
+                        .map(|g| GpuUsage {
+                            memory_allocated_mib: g.memory_mib - g.memory_free,
+                            memory_mib: g.memory_mib,
+                            core_allocated_milli: 1000 - g.core_free,
+                            pods: g.pods,
                         })
                         .collect(),
                 )
@@ -703,7 +720,19 @@ mod tests {
         assert_eq!(gpus, [0, 0, 0, 1]);
         let usage = c.usage();
         let a = usage.iter().find(|(n, _)| n == "a").unwrap();
-        assert_eq!(a.1[0], (6144, 15360, 900, 3));
+        assert_eq!(
+            a.1[0],
+            GpuUsage {
+                memory_allocated_mib: 6144,
+                memory_mib: 15360,
+                core_allocated_milli: 900,
+                pods: 3
+            }
+        );
+        assert_eq!(
+            serde_json::to_string(&a.1[0]).unwrap(),
+            "[6144,15360,900,3]"
+        );
     }
 
     #[test]
@@ -724,7 +753,10 @@ mod tests {
         // 2 GPUs × min(15 GiB / 4, 100 % / 40 %) = 2 × 2.
         assert_eq!(placed.len(), 4);
         for g in &c.usage()[0].1 {
-            assert!(g.0 <= g.1 && g.2 <= 1000, "{g:?}");
+            assert!(
+                g.memory_allocated_mib <= g.memory_mib && g.core_allocated_milli <= 1000,
+                "{g:?}"
+            );
         }
         // Restart: a new cache rebuilt from the bound pods' annotations holds the same.
         let mut d = Cluster::new("binpack", ResourceNames::default(), Duration::from_secs(60));
@@ -783,7 +815,10 @@ mod tests {
         // A second node joins: the engine is rebuilt with the allocation re-applied.
         c.set_node(&node("b", 2, "core_mem", "spread"));
         let a = c.usage().into_iter().find(|(n, _)| n == "a").unwrap();
-        assert_eq!(a.1[0].0 + a.1[1].0, 8192);
+        assert_eq!(
+            a.1[0].memory_allocated_mib + a.1[1].memory_allocated_mib,
+            8192
+        );
         let pr = c.prioritize(&pod("q", "2", Some("10")), &names(&["a", "b"]));
         assert_eq!(pr.len(), 2);
         assert!(pr.iter().all(|h| (0..=MAX_SCORE).contains(&h.score)));

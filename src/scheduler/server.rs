@@ -19,7 +19,7 @@ use super::wire::{
     ExtenderArgs, ExtenderBindingArgs, ExtenderBindingResult, ExtenderFilterResult, HostPriority,
 };
 use crate::kubeobjects::{PodKey, pod_key};
-use crate::metrics::{Kind, Metrics as PromText};
+use crate::metrics::{Kind, PromText};
 use gpushare_core::request::ASSIGNMENT_ANNOTATION;
 use gpushare_core::request::node::{
     ACK_GPU_MEM_ASSIGNED, ACK_GPU_MEM_ASSUME_TIME, ACK_GPU_MEM_DEV, ACK_GPU_MEM_IDX,
@@ -383,13 +383,17 @@ impl Extender {
             .sample(&[], c.gpu_nodes());
         out.family("gpushare_gpu_memory_allocated_mib", Kind::Gauge);
         for (node, gpus) in c.usage() {
-            for (i, (used, total, core, pods)) in gpus.iter().enumerate() {
+            for (i, g) in gpus.iter().enumerate() {
                 let i = i.to_string();
                 let l = [("node", node.as_str()), ("gpu", i.as_str())];
-                out.sample(&l, used)
-                    .sample_of("gpushare_gpu_memory_mib", &l, total)
-                    .sample_of("gpushare_gpu_core_allocated_percent", &l, core / 10)
-                    .sample_of("gpushare_gpu_pods", &l, pods);
+                out.sample(&l, g.memory_allocated_mib)
+                    .sample_of("gpushare_gpu_memory_mib", &l, g.memory_mib)
+                    .sample_of(
+                        "gpushare_gpu_core_allocated_percent",
+                        &l,
+                        g.core_allocated_milli / 10,
+                    )
+                    .sample_of("gpushare_gpu_pods", &l, g.pods);
             }
         }
         out.sample_of("gpushare_extender_synced", &[], self.synced() as u8);
