@@ -9,14 +9,15 @@
 //!
 //! `cargo bench --bench extender` (env: BENCH_NODES, BENCH_ROUNDS, BENCH_BINDS).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use gpushare::kubeobjects::PodKey;
 use gpushare::scheduler::cache::Cluster;
-use gpushare::scheduler::server::{Binder, Extender, router};
+use gpushare::scheduler::server::{Annotations, ApiError, Binder, Extender, router};
 use gpushare::scheduler::wire::{ExtenderArgs, ExtenderBindingArgs};
 use gpushare_core::request::node::{NODE_GPUS_ANNOTATION, NodeGpu, NodeGpus};
 use gpushare_core::request::{ASSIGNMENT_ANNOTATION, ResourceNames};
@@ -109,31 +110,29 @@ struct MemoryApi {
 
 #[async_trait]
 impl Binder for MemoryApi {
-    async fn get_pod(&self, _ns: &str, name: &str) -> Result<Pod, String> {
+    async fn get_pod(&self, pod: &PodKey) -> Result<Pod, ApiError> {
         self.pods
-            .get(name)
+            .get(&pod.name)
             .cloned()
-            .ok_or_else(|| format!("no pod {name}"))
+            .ok_or_else(|| ApiError::GetPod {
+                pod: pod.clone(),
+                source: "no such pod".into(),
+            })
     }
-    async fn annotate(
-        &self,
-        _ns: &str,
-        name: &str,
-        a: BTreeMap<String, Option<String>>,
-    ) -> Result<(), String> {
+    async fn annotate(&self, pod: &PodKey, a: Annotations) -> Result<(), ApiError> {
         if let Some(Some(v)) = a.get(ASSIGNMENT_ANNOTATION) {
             self.assignments
                 .lock()
                 .unwrap()
-                .insert(name.to_string(), v.clone());
+                .insert(pod.name.clone(), v.clone());
         }
         Ok(())
     }
-    async fn bind(&self, _ns: &str, name: &str, _uid: &str, node: &str) -> Result<(), String> {
+    async fn bind(&self, pod: &PodKey, _uid: &str, node: &str) -> Result<(), ApiError> {
         self.bound
             .lock()
             .unwrap()
-            .push((name.to_string(), node.to_string()));
+            .push((pod.name.clone(), node.to_string()));
         Ok(())
     }
 }

@@ -7,6 +7,8 @@ pub mod deviceplugin;
 pub mod gpu;
 pub mod inspect;
 pub mod kubeclient;
+pub mod kubeobjects;
+pub mod metrics;
 pub mod node;
 pub mod nri;
 pub mod registry;

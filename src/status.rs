@@ -1,116 +1,105 @@
-//! The node agent's local status endpoint: `/healthz`, `/registry` (JSON), `/metrics`
-//! (Prometheus text). A deliberately small HTTP/1.1 responder: GET only, one request per
-//! connection.
+//! The node agent's local status endpoint: `/healthz`, `/registry` and `/inventory` (JSON),
+//! `/metrics` (Prometheus text), served with axum like the scheduler extender.
 
-use std::fmt::Write as _;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use axum::Router;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::any;
 use tokio::net::TcpListener;
 
+use crate::metrics::{CONTENT_TYPE, Kind, PromText};
 use crate::node::Node;
+
+/// Per-container series of the throttling controller: name, type, help.
+const CONTAINER_FAMILIES: [(&str, Kind, &str); 7] = [
+    (
+        "gpushare_container_gpu_utilization_ratio",
+        Kind::Gauge,
+        "share of its GPU used in the last period",
+    ),
+    (
+        "gpushare_container_gpu_core_quota_ratio",
+        Kind::Gauge,
+        "compute quota",
+    ),
+    (
+        "gpushare_container_gpu_memory_used_bytes",
+        Kind::Gauge,
+        "GPU memory held",
+    ),
+    (
+        "gpushare_container_gpu_memory_limit_bytes",
+        Kind::Gauge,
+        "GPU memory quota",
+    ),
+    (
+        "gpushare_container_throttled_seconds_total",
+        Kind::Counter,
+        "time spent frozen by the controller",
+    ),
+    (
+        "gpushare_container_freezes_total",
+        Kind::Counter,
+        "times frozen by the controller",
+    ),
+    (
+        "gpushare_container_memory_limit_actions_total",
+        Kind::Counter,
+        "memory-quota actions taken",
+    ),
+];
 
 /// Prometheus text for the node.
 pub fn metrics(node: &Node) -> String {
-    let mut out = String::new();
+    let mut m = PromText::new();
     let s = &node.stats;
-    let _ = writeln!(out, "# TYPE gpushare_nri_connected gauge");
-    let _ = writeln!(
-        out,
-        "gpushare_nri_connected {}",
-        s.connected.load(Ordering::Relaxed) as u8
-    );
-    let _ = writeln!(out, "# TYPE gpushare_create_container_total counter");
+    m.family("gpushare_nri_connected", Kind::Gauge)
+        .sample(&[], s.connected.load(Ordering::Relaxed) as u8)
+        .family("gpushare_create_container_total", Kind::Counter);
     for (result, v) in [
         ("gpu", &s.creates_gpu),
         ("passthrough", &s.creates_passthrough),
         ("refused", &s.creates_refused),
     ] {
-        let _ = writeln!(
-            out,
-            "gpushare_create_container_total{{result=\"{result}\"}} {}",
-            v.load(Ordering::Relaxed)
-        );
+        m.sample(&[("result", result)], v.load(Ordering::Relaxed));
     }
-    let _ = writeln!(out, "# TYPE gpushare_synchronize_total counter");
-    let _ = writeln!(
-        out,
-        "gpushare_synchronize_total {}",
-        s.syncs.load(Ordering::Relaxed)
-    );
+    m.family("gpushare_synchronize_total", Kind::Counter)
+        .sample(&[], s.syncs.load(Ordering::Relaxed));
     if let Some(state) = node.state() {
-        let _ = writeln!(out, "# TYPE gpushare_gpu_memory_total_mib gauge");
-        let _ = writeln!(out, "# TYPE gpushare_gpu_memory_assigned_mib gauge");
-        let _ = writeln!(out, "# TYPE gpushare_gpu_core_assigned_percent gauge");
-        let _ = writeln!(out, "# TYPE gpushare_gpu_containers gauge");
+        for name in [
+            "gpushare_gpu_memory_total_mib",
+            "gpushare_gpu_memory_assigned_mib",
+            "gpushare_gpu_core_assigned_percent",
+            "gpushare_gpu_containers",
+        ] {
+            m.family(name, Kind::Gauge);
+        }
         for g in &state.inventory.gpus {
             let c = node.registry.committed(g.index, "");
-            let l = format!("gpu=\"{}\",uuid=\"{}\"", g.index, g.uuid);
-            let _ = writeln!(out, "gpushare_gpu_memory_total_mib{{{l}}} {}", g.memory_mib);
-            let _ = writeln!(
-                out,
-                "gpushare_gpu_memory_assigned_mib{{{l}}} {}",
-                c.memory_mib
-            );
-            let _ = writeln!(
-                out,
-                "gpushare_gpu_core_assigned_percent{{{l}}} {}",
-                c.core_percent
-            );
-            let _ = writeln!(out, "gpushare_gpu_containers{{{l}}} {}", c.containers);
+            let index = g.index.to_string();
+            let l = [("gpu", index.as_str()), ("uuid", g.uuid.as_str())];
+            m.sample_of("gpushare_gpu_memory_total_mib", &l, g.memory_mib)
+                .sample_of("gpushare_gpu_memory_assigned_mib", &l, c.memory_mib)
+                .sample_of("gpushare_gpu_core_assigned_percent", &l, c.core_percent)
+                .sample_of("gpushare_gpu_containers", &l, c.containers);
         }
     }
     if let Some(t) = node.throttle_stats() {
         let containers = t.containers.lock().expect("stats lock").clone();
-        let mut gpu_util: std::collections::BTreeMap<u32, (f64, u64)> = Default::default();
-        for (name, kind, help) in [
-            (
-                "gpushare_container_gpu_utilization_ratio",
-                "gauge",
-                "share of its GPU used in the last period",
-            ),
-            (
-                "gpushare_container_gpu_core_quota_ratio",
-                "gauge",
-                "compute quota",
-            ),
-            (
-                "gpushare_container_gpu_memory_used_bytes",
-                "gauge",
-                "GPU memory held",
-            ),
-            (
-                "gpushare_container_gpu_memory_limit_bytes",
-                "gauge",
-                "GPU memory quota",
-            ),
-            (
-                "gpushare_container_throttled_seconds_total",
-                "counter",
-                "time spent frozen by the controller",
-            ),
-            (
-                "gpushare_container_freezes_total",
-                "counter",
-                "times frozen by the controller",
-            ),
-            (
-                "gpushare_container_memory_limit_actions_total",
-                "counter",
-                "memory-quota actions taken",
-            ),
-        ] {
-            let _ = writeln!(out, "# HELP {name} {help}");
-            let _ = writeln!(out, "# TYPE {name} {kind}");
+        for (name, kind, help) in CONTAINER_FAMILIES {
+            m.help(name, help).family(name, kind);
             for (id, c) in &containers {
-                let l = format!(
-                    "pod=\"{}\",container=\"{}\",id=\"{}\",gpu=\"{}\"",
-                    c.pod,
-                    c.container,
-                    &id[..id.len().min(12)],
-                    c.gpu
-                );
+                let gpu = c.gpu.to_string();
+                let l = [
+                    ("pod", c.pod.as_str()),
+                    ("container", c.container.as_str()),
+                    ("id", &id[..id.len().min(12)]),
+                    ("gpu", gpu.as_str()),
+                ];
                 let v = match name {
                     "gpushare_container_gpu_utilization_ratio" => format!("{:.4}", c.utilization),
                     "gpushare_container_gpu_core_quota_ratio" => {
@@ -124,99 +113,96 @@ pub fn metrics(node: &Node) -> String {
                     "gpushare_container_freezes_total" => c.freezes.to_string(),
                     _ => c.memory_actions.to_string(),
                 };
-                let _ = writeln!(out, "{name}{{{l}}} {v}");
+                m.sample(&l, v);
             }
         }
+        let mut gpu_util: std::collections::BTreeMap<u32, (f64, u64)> = Default::default();
         for c in containers.values() {
             let e = gpu_util.entry(c.gpu).or_default();
             e.0 += c.utilization;
             e.1 += c.memory_used_bytes;
         }
-        let _ = writeln!(out, "# TYPE gpushare_gpu_utilization_ratio gauge");
-        let _ = writeln!(out, "# TYPE gpushare_gpu_memory_used_bytes gauge");
-        for (gpu, (u, m)) in &gpu_util {
-            let _ = writeln!(
-                out,
-                "gpushare_gpu_utilization_ratio{{gpu=\"{gpu}\"}} {u:.4}"
+        m.family("gpushare_gpu_utilization_ratio", Kind::Gauge)
+            .family("gpushare_gpu_memory_used_bytes", Kind::Gauge);
+        for (gpu, (u, mem)) in &gpu_util {
+            let gpu = gpu.to_string();
+            let l = [("gpu", gpu.as_str())];
+            m.sample_of("gpushare_gpu_utilization_ratio", &l, format!("{u:.4}"))
+                .sample_of("gpushare_gpu_memory_used_bytes", &l, mem);
+        }
+        m.family("gpushare_controller_loop_seconds", Kind::Gauge)
+            .sample(
+                &[],
+                format!("{:.6}", *t.loop_seconds.lock().expect("stats lock")),
             );
-            let _ = writeln!(out, "gpushare_gpu_memory_used_bytes{{gpu=\"{gpu}\"}} {m}");
-        }
-        let _ = writeln!(out, "# TYPE gpushare_controller_loop_seconds gauge");
-        let _ = writeln!(
-            out,
-            "gpushare_controller_loop_seconds {:.6}",
-            *t.loop_seconds.lock().expect("stats lock")
-        );
     }
-    out
+    m.finish()
 }
 
-fn respond(status: &str, ctype: &str, body: &str) -> String {
-    format!(
-        "HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    )
+/// The endpoint's routes (any method, as before axum); anything else is 404 `not found`.
+pub fn router(node: Arc<Node>) -> Router {
+    Router::new()
+        .route("/healthz", any(healthz))
+        .route("/registry", any(registry))
+        .route("/inventory", any(inventory))
+        .route("/metrics", any(metrics_route))
+        .fallback(not_found)
+        .with_state(node)
 }
 
-fn route(node: &Node, path: &str) -> String {
-    match path {
-        "/healthz" => {
-            // Ready: connected to the runtime and the registry rebuilt from its Synchronize.
-            let up = node.stats.connected.load(Ordering::Relaxed)
-                && node.stats.synced.load(Ordering::Acquire);
-            let body = if up {
-                "ok\n"
-            } else if node.stats.connected.load(Ordering::Relaxed) {
-                "connected; registry not synchronized with the runtime yet\n"
-            } else {
-                "not connected to the runtime\n"
-            };
-            respond(
-                if up {
-                    "200 OK"
-                } else {
-                    "503 Service Unavailable"
-                },
-                "text/plain",
-                body,
-            )
-        }
-        "/registry" => {
-            let body = serde_json::to_string_pretty(&node.registry.snapshot()).unwrap_or_default();
-            respond("200 OK", "application/json", &(body + "\n"))
-        }
-        "/inventory" => {
-            let body = serde_json::to_string_pretty(&node.state().as_deref()).unwrap_or_default();
-            respond("200 OK", "application/json", &(body + "\n"))
-        }
-        "/metrics" => respond("200 OK", "text/plain; version=0.0.4", &metrics(node)),
-        _ => respond("404 Not Found", "text/plain", "not found\n"),
-    }
+fn text(status: StatusCode, content_type: &'static str, body: String) -> Response {
+    (status, [(header::CONTENT_TYPE, content_type)], body).into_response()
+}
+
+/// Pretty JSON and a newline.
+fn json(value: &impl serde::Serialize) -> Response {
+    let body = serde_json::to_string_pretty(value).unwrap_or_default();
+    text(StatusCode::OK, "application/json", body + "\n")
+}
+
+async fn healthz(State(node): State<Arc<Node>>) -> Response {
+    // Ready: connected to the runtime and the registry rebuilt from its Synchronize.
+    let connected = node.stats.connected.load(Ordering::Relaxed);
+    let (status, body) = if connected && node.stats.synced.load(Ordering::Acquire) {
+        (StatusCode::OK, "ok\n")
+    } else if connected {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "connected; registry not synchronized with the runtime yet\n",
+        )
+    } else {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not connected to the runtime\n",
+        )
+    };
+    text(status, "text/plain", body.to_string())
+}
+
+async fn registry(State(node): State<Arc<Node>>) -> Response {
+    json(&node.registry.snapshot())
+}
+
+async fn inventory(State(node): State<Arc<Node>>) -> Response {
+    json(&node.state().as_deref())
+}
+
+async fn metrics_route(State(node): State<Arc<Node>>) -> Response {
+    text(StatusCode::OK, CONTENT_TYPE, metrics(&node))
+}
+
+async fn not_found() -> Response {
+    text(StatusCode::NOT_FOUND, "text/plain", "not found\n".into())
 }
 
 /// Serves the endpoint on `addr` until the task is dropped.
 pub async fn serve(addr: &str, node: Arc<Node>) -> std::io::Result<()> {
     let listener = TcpListener::bind(addr).await?;
     tracing::info!(%addr, "status endpoint listening");
-    loop {
-        let (mut sock, _) = listener.accept().await?;
-        let node = node.clone();
-        tokio::spawn(async move {
-            let mut buf = vec![0u8; 4096];
-            let mut n = 0;
-            while n < buf.len() {
-                match sock.read(&mut buf[n..]).await {
-                    Ok(0) | Err(_) => break,
-                    Ok(m) => n += m,
-                }
-                if buf[..n].windows(4).any(|w| w == b"\r\n\r\n") {
-                    break;
-                }
-            }
-            let head = String::from_utf8_lossy(&buf[..n]);
-            let path = head.split_whitespace().nth(1).unwrap_or("/");
-            let _ = sock.write_all(route(&node, path).as_bytes()).await;
-            let _ = sock.shutdown().await;
-        });
-    }
+    serve_on(listener, node).await
+}
+
+/// Serves the endpoint on `listener` until the task is dropped.
+pub async fn serve_on(listener: TcpListener, node: Arc<Node>) -> std::io::Result<()> {
+    axum::serve(listener, router(node)).await
 }

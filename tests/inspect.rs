@@ -170,19 +170,29 @@ fn allocations_sum_per_gpu_and_node() {
     let per_gpu: Vec<(u64, u64)> = a
         .gpus
         .iter()
-        .map(|g| (g.memory_allocated_mib, g.core_allocated))
+        .map(|g| (g.totals.memory_allocated_mib, g.totals.core_allocated))
         .collect();
     assert_eq!(per_gpu, [(4096, 60), (4096, 50), (4096, 50), (1024, 10)]);
-    assert_eq!((a.memory_allocated_mib, a.memory_total_mib), (13312, 61440));
-    assert_eq!((a.core_allocated, a.core_total), (170, 400));
+    assert_eq!(
+        (a.totals.memory_allocated_mib, a.totals.memory_total_mib),
+        (13312, 61440)
+    );
+    assert_eq!((a.totals.core_allocated, a.totals.core_total), (170, 400));
     assert_eq!(a.address, "192.168.0.4");
     assert_eq!(a.schedule.as_deref(), Some("core_mem"));
     assert_eq!(a.gpu_source, GpuSource::Annotation);
     let b = &v.nodes[1];
-    assert_eq!((b.memory_allocated_mib, b.core_allocated), (1536, 0));
+    assert_eq!(
+        (b.totals.memory_allocated_mib, b.totals.core_allocated),
+        (1536, 0)
+    );
     assert_eq!(b.gpus[0].shares[0].core_percent, None);
     assert_eq!(
-        (v.memory_allocated_mib, v.core_allocated, v.core_total),
+        (
+            v.totals.memory_allocated_mib,
+            v.totals.core_allocated,
+            v.totals.core_total
+        ),
         (14848, 170, 600)
     );
     assert!(v.warnings.is_empty(), "{:?}", v.warnings);
@@ -359,12 +369,51 @@ fn json_carries_the_same_data_in_mib() {
 }
 
 #[test]
+fn json_keys_keep_their_order() {
+    let out = render::json(&view());
+    let at = |from: usize, key: &str| from + out[from..].find(&format!("\"{key}\"")).unwrap();
+    let mut pos = 0;
+    for key in [
+        "nodes",
+        "name",
+        "address",
+        "schedule",
+        "placement",
+        "gpuSource",
+        "gpus",
+        "index",
+        "uuid",
+        "model",
+        "healthy",
+        "memoryTotalMiB",
+        "memoryAllocatedMiB",
+        "coreTotal",
+        "coreAllocated",
+        "shares",
+    ] {
+        let next = at(pos, key);
+        assert!(next >= pos, "{key} out of order in\n{out}");
+        pos = next;
+    }
+    // The cluster's totals come after its nodes, before its warnings.
+    assert!(
+        out.ends_with(
+            "  ],\n  \"memoryTotalMiB\": 224558,\n  \"memoryAllocatedMiB\": 14848,\n  \"coreTotal\": 600,\n  \"coreAllocated\": 170,\n  \"warnings\": []\n}\n"
+        ),
+        "{out}"
+    );
+}
+
+#[test]
 fn nodes_without_gpus_are_skipped_and_named_nodes_checked() {
     let (nodes, pods) = cluster();
     let names = ResourceNames::default();
     let v = build(&nodes, &pods, &names, &["node-b".to_string()]).unwrap();
     assert_eq!(v.nodes.len(), 1);
-    assert_eq!((v.memory_allocated_mib, v.core_total), (1536, 200));
+    assert_eq!(
+        (v.totals.memory_allocated_mib, v.totals.core_total),
+        (1536, 200)
+    );
     assert_eq!(
         build(&nodes, &pods, &names, &["cpu-1".to_string()])
             .unwrap_err()
@@ -407,7 +456,13 @@ fn node_with_only_allocatable_gets_inferred_gpus() {
     let gpus: Vec<(u32, u64, u64)> = l
         .gpus
         .iter()
-        .map(|g| (g.index, g.memory_total_mib, g.memory_allocated_mib))
+        .map(|g| {
+            (
+                g.index,
+                g.totals.memory_total_mib,
+                g.totals.memory_allocated_mib,
+            )
+        })
         .collect();
     assert_eq!(gpus, [(0, 16384, 0), (1, 16384, 4096)]);
     let out = render::details(&v, MemoryUnit::GiB);
@@ -459,7 +514,7 @@ fn problems_become_warnings_not_numbers() {
     pods.extend(heavy);
     let v = build(&[node_a()], &pods, &ResourceNames::default(), &[]).unwrap();
     let a = &v.nodes[0];
-    assert_eq!(a.memory_allocated_mib, 3 * 6144);
+    assert_eq!(a.totals.memory_allocated_mib, 3 * 6144);
     let w = render::all_warnings(&v);
     let want = [
         "node node-a: pod default/forged: gpushare.io/assignment is not valid JSON: EOF while parsing a value at line 1 column 13; not counted",

@@ -8,7 +8,8 @@
 //! Numbers come from what the scheduler assigned (pod annotation `gpushare.io/assignment`), not
 //! from what pods request: that is what the node agent enforces. GPUs come from the node
 //! annotation `gpushare.io/gpus`; a node that has only the memory resource allocatable (no agent
-//! annotation yet) gets its GPUs inferred from the allocatable memory and count.
+//! annotation yet) gets its GPUs inferred from the allocatable memory and count. Annotations,
+//! labels and pod keys are read as the scheduler reads them ([`crate::kubeobjects`]).
 
 pub mod render;
 
@@ -18,14 +19,11 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, ListParams};
 use serde::Serialize;
 
+use crate::kubeobjects::{self, PodKey};
+use gpushare_core::placement::model::{PLACEMENT_LABEL, SCHEDULE_LABEL};
+use gpushare_core::request::ASSIGNMENT_ANNOTATION;
 use gpushare_core::request::limits::ResourceNames;
-use gpushare_core::request::node::{NODE_GPUS_ANNOTATION, NodeGpus};
-use gpushare_core::request::{ASSIGNMENT_ANNOTATION, Assignment};
-
-/// Node label: how GPUs of the node are shared (`core_mem`, `cgpu`, `share`, `default`).
-pub const SCHEDULE_LABEL: &str = "ack.node.gpu.schedule";
-/// Node label: placement policy on the node (`binpack`, `spread`).
-pub const PLACEMENT_LABEL: &str = "ack.node.gpu.placement";
+use gpushare_core::request::node::NODE_GPUS_ANNOTATION;
 
 /// Where a node's GPU list came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -35,6 +33,30 @@ pub enum GpuSource {
     Annotation,
     /// Inferred from the allocatable memory and count resources (no annotation).
     Allocatable,
+}
+
+/// Memory and compute of a GPU, a node or the cluster: what there is and what is allocated.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Totals {
+    #[serde(rename = "memoryTotalMiB")]
+    pub memory_total_mib: u64,
+    #[serde(rename = "memoryAllocatedMiB")]
+    pub memory_allocated_mib: u64,
+    pub core_total: u64,
+    pub core_allocated: u64,
+}
+
+impl Totals {
+    /// The sum of `parts`.
+    pub fn sum<'a>(parts: impl IntoIterator<Item = &'a Totals>) -> Totals {
+        parts.into_iter().fold(Totals::default(), |a, t| Totals {
+            memory_total_mib: a.memory_total_mib + t.memory_total_mib,
+            memory_allocated_mib: a.memory_allocated_mib + t.memory_allocated_mib,
+            core_total: a.core_total + t.core_total,
+            core_allocated: a.core_allocated + t.core_allocated,
+        })
+    }
 }
 
 /// One container's share of one GPU.
@@ -59,12 +81,8 @@ pub struct GpuView {
     pub uuid: String,
     pub model: String,
     pub healthy: bool,
-    #[serde(rename = "memoryTotalMiB")]
-    pub memory_total_mib: u64,
-    #[serde(rename = "memoryAllocatedMiB")]
-    pub memory_allocated_mib: u64,
-    pub core_total: u64,
-    pub core_allocated: u64,
+    #[serde(flatten)]
+    pub totals: Totals,
     pub shares: Vec<ShareView>,
 }
 
@@ -83,12 +101,8 @@ pub struct NodeView {
     pub placement: Option<String>,
     pub gpu_source: GpuSource,
     pub gpus: Vec<GpuView>,
-    #[serde(rename = "memoryTotalMiB")]
-    pub memory_total_mib: u64,
-    #[serde(rename = "memoryAllocatedMiB")]
-    pub memory_allocated_mib: u64,
-    pub core_total: u64,
-    pub core_allocated: u64,
+    #[serde(flatten)]
+    pub totals: Totals,
     /// Problems seen on this node: unreadable annotations, pods with GPU resources but no
     /// assignment, over-committed GPUs.
     pub warnings: Vec<String>,
@@ -99,12 +113,8 @@ pub struct NodeView {
 #[serde(rename_all = "camelCase")]
 pub struct ClusterView {
     pub nodes: Vec<NodeView>,
-    #[serde(rename = "memoryTotalMiB")]
-    pub memory_total_mib: u64,
-    #[serde(rename = "memoryAllocatedMiB")]
-    pub memory_allocated_mib: u64,
-    pub core_total: u64,
-    pub core_allocated: u64,
+    #[serde(flatten)]
+    pub totals: Totals,
     /// Problems not tied to one of the listed nodes (e.g. an assigned pod whose node is
     /// unknown). Empty when nodes were selected by name.
     pub warnings: Vec<String>,
@@ -125,21 +135,6 @@ pub enum InspectError {
     },
 }
 
-/// Whether the pod still holds what it was given (phase not Succeeded/Failed).
-pub fn is_active(pod: &Pod) -> bool {
-    !matches!(
-        pod.status.as_ref().and_then(|s| s.phase.as_deref()),
-        Some("Succeeded" | "Failed")
-    )
-}
-
-fn pod_key(pod: &Pod) -> (String, String) {
-    (
-        pod.metadata.namespace.clone().unwrap_or_default(),
-        pod.metadata.name.clone().unwrap_or_default(),
-    )
-}
-
 fn node_address(node: &Node) -> String {
     let addrs = node
         .status
@@ -153,13 +148,20 @@ fn node_address(node: &Node) -> String {
         .unwrap_or_default()
 }
 
-fn allocatable_int(node: &Node, resource: &str) -> Option<Result<u64, String>> {
+/// An allocatable GPU resource that is not a whole number (a warning, not counted).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("allocatable {resource} {value:?} is not an integer")]
+struct NotAnInteger {
+    resource: String,
+    value: String,
+}
+
+fn allocatable_int(node: &Node, resource: &str) -> Option<Result<u64, NotAnInteger>> {
     let q = node.status.as_ref()?.allocatable.as_ref()?.get(resource)?;
-    Some(
-        q.0.trim()
-            .parse::<u64>()
-            .map_err(|_| format!("allocatable {resource} {:?} is not an integer", q.0)),
-    )
+    Some(q.0.trim().parse::<u64>().map_err(|_| NotAnInteger {
+        resource: resource.to_string(),
+        value: q.0.clone(),
+    }))
 }
 
 /// The GPUs of `node`, from its annotation or, failing that, its allocatable resources.
@@ -174,19 +176,15 @@ fn node_gpus(
         uuid,
         model,
         healthy,
-        memory_total_mib: memory_mib,
-        memory_allocated_mib: 0,
-        core_total: 100,
-        core_allocated: 0,
+        totals: Totals {
+            memory_total_mib: memory_mib,
+            core_total: 100,
+            ..Totals::default()
+        },
         shares: Vec::new(),
     };
-    if let Some(raw) = node
-        .metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(NODE_GPUS_ANNOTATION))
-    {
-        match NodeGpus::parse(raw) {
+    if let Some(gpus) = kubeobjects::node_gpus(node) {
+        match gpus {
             Ok(g) => {
                 let gpus = g
                     .gpus
@@ -202,14 +200,14 @@ fn node_gpus(
         Ok(0) => return None,
         Ok(v) => v,
         Err(e) => {
-            warnings.push(e);
+            warnings.push(e.to_string());
             return None;
         }
     };
     let count = match allocatable_int(node, &names.count) {
         Some(Ok(c)) if c > 0 => c,
         Some(Err(e)) => {
-            warnings.push(e);
+            warnings.push(e.to_string());
             1
         }
         _ => 1,
@@ -273,13 +271,7 @@ pub fn build(
             }
             continue;
         };
-        let label = |k: &str| {
-            node.metadata
-                .labels
-                .as_ref()
-                .and_then(|l| l.get(k))
-                .cloned()
-        };
+        let label = |k: &str| kubeobjects::node_label(node, k).map(str::to_string);
         views.insert(
             name.clone(),
             NodeView {
@@ -289,10 +281,7 @@ pub fn build(
                 name,
                 gpu_source,
                 gpus,
-                memory_total_mib: 0,
-                memory_allocated_mib: 0,
-                core_total: 0,
-                core_allocated: 0,
+                totals: Totals::default(),
                 warnings,
             },
         );
@@ -308,22 +297,16 @@ pub fn build(
         })
         .collect();
 
-    let mut pods: Vec<&Pod> = pods.iter().filter(|p| is_active(p)).collect();
-    pods.sort_by_key(|p| pod_key(p));
-    for pod in pods {
-        let (ns, pod_name) = pod_key(pod);
-        let who = format!("pod {ns}/{pod_name}");
-        let node_name = pod
-            .spec
-            .as_ref()
-            .and_then(|s| s.node_name.clone())
-            .filter(|n| !n.is_empty());
-        let raw = pod
-            .metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(ASSIGNMENT_ANNOTATION));
-        let Some(raw) = raw else {
+    let mut pods: Vec<(PodKey, &Pod)> = pods
+        .iter()
+        .filter(|p| kubeobjects::is_active(p))
+        .map(|p| (kubeobjects::pod_key(p), p))
+        .collect();
+    pods.sort_by(|a, b| a.0.cmp(&b.0));
+    for (key, pod) in pods {
+        let who = format!("pod {key}");
+        let node_name = kubeobjects::pod_node(pod).map(str::to_string);
+        let Some(assignment) = kubeobjects::pod_assignment(pod) else {
             // Bound without an assignment: kubelet accounts its GPU resources, we cannot say
             // which GPU they are on.
             if let Some(n) = node_name.as_ref().and_then(|n| views.get_mut(n)) {
@@ -337,7 +320,7 @@ pub fn build(
             }
             continue;
         };
-        let assignment = match Assignment::parse(raw) {
+        let assignment = match assignment {
             Ok(a) => a,
             Err(e) => {
                 let w = format!("{who}: {e}; not counted");
@@ -386,11 +369,11 @@ pub fn build(
                     }
                     c => c.map(|c| c as u64),
                 };
-                gpu.memory_allocated_mib += share.memory_mib;
-                gpu.core_allocated += core_percent.unwrap_or(0);
+                gpu.totals.memory_allocated_mib += share.memory_mib;
+                gpu.totals.core_allocated += core_percent.unwrap_or(0);
                 gpu.shares.push(ShareView {
-                    namespace: ns.clone(),
-                    pod: pod_name.clone(),
+                    namespace: key.namespace.clone(),
+                    pod: key.name.clone(),
                     container: container.clone(),
                     memory_mib: share.memory_mib,
                     core_percent,
@@ -401,23 +384,21 @@ pub fn build(
 
     for n in views.values_mut() {
         for g in &n.gpus {
-            if g.memory_allocated_mib > g.memory_total_mib {
+            let t = &g.totals;
+            if t.memory_allocated_mib > t.memory_total_mib {
                 n.warnings.push(format!(
                     "GPU {} memory is over-committed: {} MiB allocated of {} MiB",
-                    g.index, g.memory_allocated_mib, g.memory_total_mib
+                    g.index, t.memory_allocated_mib, t.memory_total_mib
                 ));
             }
-            if g.core_allocated > g.core_total {
+            if t.core_allocated > t.core_total {
                 n.warnings.push(format!(
                     "GPU {} compute is over-committed: {}% allocated of {}%",
-                    g.index, g.core_allocated, g.core_total
+                    g.index, t.core_allocated, t.core_total
                 ));
             }
         }
-        n.memory_total_mib = n.gpus.iter().map(|g| g.memory_total_mib).sum();
-        n.memory_allocated_mib = n.gpus.iter().map(|g| g.memory_allocated_mib).sum();
-        n.core_total = n.gpus.iter().map(|g| g.core_total).sum();
-        n.core_allocated = n.gpus.iter().map(|g| g.core_allocated).sum();
+        n.totals = Totals::sum(n.gpus.iter().map(|g| &g.totals));
     }
 
     let nodes: Vec<NodeView> = if only.is_empty() {
@@ -444,10 +425,7 @@ pub fn build(
         picked
     };
     Ok(ClusterView {
-        memory_total_mib: nodes.iter().map(|n| n.memory_total_mib).sum(),
-        memory_allocated_mib: nodes.iter().map(|n| n.memory_allocated_mib).sum(),
-        core_total: nodes.iter().map(|n| n.core_total).sum(),
-        core_allocated: nodes.iter().map(|n| n.core_allocated).sum(),
+        totals: Totals::sum(nodes.iter().map(|n| &n.totals)),
         nodes,
         warnings: cluster_warnings,
     })

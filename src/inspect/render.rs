@@ -25,7 +25,7 @@ fn capacity_units(mib: u64, unit: MemoryUnit) -> u64 {
 fn node_memory_capacity(node: &NodeView, unit: MemoryUnit) -> u64 {
     node.gpus
         .iter()
-        .map(|g| capacity_units(g.memory_total_mib, unit))
+        .map(|g| capacity_units(g.totals.memory_total_mib, unit))
         .sum()
 }
 
@@ -83,11 +83,11 @@ fn cluster_footer(view: &ClusterView, unit: MemoryUnit) -> [String; 2] {
     [
         format!(
             "Allocated/Total GPU Memory In Cluster: {}",
-            memory_ratio(view.memory_allocated_mib, capacity, unit)
+            memory_ratio(view.totals.memory_allocated_mib, capacity, unit)
         ),
         format!(
             "Allocated/Total GPU Core In Cluster: {}",
-            core_ratio(view.core_allocated, view.core_total)
+            core_ratio(view.totals.core_allocated, view.totals.core_total)
         ),
     ]
 }
@@ -131,8 +131,8 @@ pub fn table(view: &ClusterView, unit: MemoryUnit) -> String {
                     unhealthy |= !g.healthy;
                     format!(
                         "{}/{}{}",
-                        amount(g.memory_allocated_mib, unit),
-                        capacity_units(g.memory_total_mib, unit),
+                        amount(g.totals.memory_allocated_mib, unit),
+                        capacity_units(g.totals.memory_total_mib, unit),
                         if g.healthy { "" } else { "*" }
                     )
                 }
@@ -142,10 +142,13 @@ pub fn table(view: &ClusterView, unit: MemoryUnit) -> String {
         }
         row.push(format!(
             "{}/{}",
-            amount(n.memory_allocated_mib, unit),
+            amount(n.totals.memory_allocated_mib, unit),
             node_memory_capacity(n, unit)
         ));
-        row.push(format!("{}/{}", n.core_allocated, n.core_total));
+        row.push(format!(
+            "{}/{}",
+            n.totals.core_allocated, n.totals.core_total
+        ));
         rows.push(row);
     }
     let lines = align(&rows);
@@ -214,10 +217,10 @@ pub fn details(view: &ClusterView, unit: MemoryUnit) -> String {
                 if g.healthy { "Healthy" } else { "Unhealthy" }.to_string(),
                 format!(
                     "{}/{}",
-                    amount(g.memory_allocated_mib, unit),
-                    capacity_units(g.memory_total_mib, unit)
+                    amount(g.totals.memory_allocated_mib, unit),
+                    capacity_units(g.totals.memory_total_mib, unit)
                 ),
-                format!("{}/{}", g.core_allocated, g.core_total),
+                format!("{}/{}", g.totals.core_allocated, g.totals.core_total),
             ]);
         }
         for l in align(&gpus) {
@@ -255,11 +258,15 @@ pub fn details(view: &ClusterView, unit: MemoryUnit) -> String {
         out.push('\n');
         out.push_str(&format!(
             "Allocated/Total GPU Memory: {}\n",
-            memory_ratio(n.memory_allocated_mib, node_memory_capacity(n, unit), unit)
+            memory_ratio(
+                n.totals.memory_allocated_mib,
+                node_memory_capacity(n, unit),
+                unit
+            )
         ));
         out.push_str(&format!(
             "Allocated/Total GPU Core: {}\n",
-            core_ratio(n.core_allocated, n.core_total)
+            core_ratio(n.totals.core_allocated, n.totals.core_total)
         ));
         for w in &n.warnings {
             out.push_str(&format!("warning: {w}\n"));

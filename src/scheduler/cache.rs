@@ -12,17 +12,38 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 
-use super::podreq::{PodDemand, demand_of_assignment, pod_demand, pod_key};
+use super::podreq::{InvalidPod, PodDemand, demand_of_assignment, pod_demand};
 use super::wire::{ExtenderFilterResult, HostPriority, MAX_SCORE};
+use crate::kubeobjects::{self, pod_key};
+use gpushare_core::placement::model::LabelError;
 use gpushare_core::placement::{
     Engine, GpuDemand, GpuSet, GpuSpec, NodeSpec, Placement, Reject, Request, Why, by_name,
 };
 use gpushare_core::placement::{Workload, model::ScheduleMode};
-use gpushare_core::request::node::{NODE_GPUS_ANNOTATION, NodeGpus};
+use gpushare_core::request::node::{NODE_GPUS_ANNOTATION, NodeGpusError};
 use gpushare_core::request::{ASSIGNMENT_ANNOTATION, Assignment, ResourceNames};
 
-/// One GPU's allocation: (memory allocated MiB, memory MiB, core allocated per-mille, pods).
-pub type GpuUsage = (u64, u64, u32, u32);
+/// What is allocated on one GPU. Serialized as the array
+/// `[memory allocated MiB, memory MiB, core allocated per-mille, pods]` (`/allocations`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GpuUsage {
+    pub memory_allocated_mib: u64,
+    pub memory_mib: u64,
+    pub core_allocated_milli: u32,
+    pub pods: u32,
+}
+
+impl serde::Serialize for GpuUsage {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        (
+            self.memory_allocated_mib,
+            self.memory_mib,
+            self.core_allocated_milli,
+            self.pods,
+        )
+            .serialize(s)
+    }
+}
 
 /// Large enough for any node: kube-scheduler itself checks CPU and memory.
 const UNLIMITED: u64 = u64::MAX / 4;
@@ -46,23 +67,47 @@ pub struct Reserved {
     pub allocation: Allocation,
 }
 
+/// Why gpushare cannot place on a node (each one a refusal: the node is not, or not yet, fit for
+/// gpushare).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NodeError {
+    #[error("node {node} has no GPUs published by gpushare (annotation {NODE_GPUS_ANNOTATION})")]
+    NoGpus { node: String },
+    #[error("node {node}: {source}")]
+    Gpus { node: String, source: NodeGpusError },
+    #[error(
+        "node {node}: annotation {NODE_GPUS_ANNOTATION} lists GPU index {found} where {expected} was expected (indexes must be 0..n)"
+    )]
+    Index {
+        node: String,
+        found: u32,
+        expected: usize,
+    },
+    #[error("node {node}: {source}")]
+    Labels { node: String, source: LabelError },
+    #[error("node {node} is not known to gpushare")]
+    Unknown { node: String },
+}
+
+/// Why `reserve` holds nothing: every variant is a refusal (the pod does not fit the node, or
+/// its request is invalid).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ReserveError {
-    #[error("{0}")]
-    Invalid(String),
+    #[error(transparent)]
+    Invalid(#[from] InvalidPod),
     #[error("pod {pod} asks for no GPU resource")]
     NoGpu { pod: String },
+    #[error(transparent)]
+    Node(#[from] NodeError),
     #[error("{0}")]
-    Node(String),
-    #[error("{0}")]
-    Unfit(String),
+    Unfit(Reject),
 }
 
 pub struct Cluster {
     names: ResourceNames,
     policy: String,
     /// Every node seen: its spec, or why gpushare cannot place on it.
-    nodes: BTreeMap<String, Result<NodeSpec, String>>,
+    nodes: BTreeMap<String, Result<NodeSpec, NodeError>>,
     /// GPU UUIDs per node (for the assignment).
     uuids: HashMap<String, Vec<(u32, String)>>,
     engine: Engine,
@@ -77,7 +122,7 @@ pub struct Cluster {
 }
 
 fn engine_for(
-    nodes: &BTreeMap<String, Result<NodeSpec, String>>,
+    nodes: &BTreeMap<String, Result<NodeSpec, NodeError>>,
     policy: &str,
     recent: &[Request],
 ) -> Engine {
@@ -88,31 +133,23 @@ fn engine_for(
 }
 
 /// A node's spec for the engine, from its labels and GPU annotation.
-pub fn node_spec(node: &Node) -> Result<(NodeSpec, Vec<(u32, String)>), String> {
+pub fn node_spec(node: &Node) -> Result<(NodeSpec, Vec<(u32, String)>), NodeError> {
     let name = node.metadata.name.clone().unwrap_or_default();
-    let ann = node.metadata.annotations.as_ref();
-    let Some(raw) = ann.and_then(|a| a.get(NODE_GPUS_ANNOTATION)) else {
-        return Err(format!(
-            "node {name} has no GPUs published by gpushare (annotation {NODE_GPUS_ANNOTATION})"
-        ));
+    let gpus = match kubeobjects::node_gpus(node) {
+        None => return Err(NodeError::NoGpus { node: name }),
+        Some(Err(source)) => return Err(NodeError::Gpus { node: name, source }),
+        Some(Ok(g)) => g,
     };
-    let gpus = NodeGpus::parse(raw).map_err(|e| format!("node {name}: {e}"))?;
     // The engine numbers GPUs 0..n; the annotation's indexes must be that.
     for (i, g) in gpus.gpus.iter().enumerate() {
         if g.index as usize != i {
-            return Err(format!(
-                "node {name}: annotation {NODE_GPUS_ANNOTATION} lists GPU index {} where {i} was expected (indexes must be 0..n)",
-                g.index
-            ));
+            return Err(NodeError::Index {
+                node: name,
+                found: g.index,
+                expected: i,
+            });
         }
     }
-    let labels: HashMap<String, String> = node
-        .metadata
-        .labels
-        .iter()
-        .flatten()
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect();
     let spec = NodeSpec {
         name: name.clone(),
         cpu_milli: UNLIMITED,
@@ -129,8 +166,8 @@ pub fn node_spec(node: &Node) -> Result<(NodeSpec, Vec<(u32, String)>), String> 
         mode: ScheduleMode::Default,
         placement: None,
     }
-    .with_labels(&labels)
-    .map_err(|e| format!("node {name}: {e}"))?;
+    .with_labels(&kubeobjects::node_labels(node))
+    .map_err(|source| NodeError::Labels { node: name, source })?;
     let uuids = gpus
         .gpus
         .iter()
@@ -149,13 +186,6 @@ fn unresolvable(why: &Why) -> bool {
             | Why::CoreOnMemoryOnlyNode
             | Why::MemoryOnlyOnCoreNode
             | Why::TooFewGpus { .. }
-    )
-}
-
-fn terminated(pod: &Pod) -> bool {
-    matches!(
-        pod.status.as_ref().and_then(|s| s.phase.as_deref()),
-        Some("Succeeded") | Some("Failed")
     )
 }
 
@@ -294,20 +324,16 @@ impl Cluster {
             return;
         };
         // A pod being deleted keeps its GPUs until it has terminated.
-        if terminated(pod) {
+        if !kubeobjects::is_active(pod) {
             self.forget_pod(&uid);
             return;
         }
-        let node = pod.spec.as_ref().and_then(|s| s.node_name.clone());
-        let raw = pod
-            .metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(ASSIGNMENT_ANNOTATION));
-        let (Some(node), Some(raw)) = (node, raw) else {
+        let (Some(node), Some(assignment)) =
+            (kubeobjects::pod_node(pod), kubeobjects::pod_assignment(pod))
+        else {
             return;
         };
-        let Ok(a) = Assignment::parse(raw) else {
+        let Ok(a) = assignment else {
             tracing::warn!(pod = %pod_key(pod), "unreadable {ASSIGNMENT_ANNOTATION}: ignored");
             return;
         };
@@ -315,8 +341,8 @@ impl Cluster {
             return;
         };
         let alloc = Allocation {
-            pod: pod_key(pod),
-            node,
+            pod: pod_key(pod).to_string(),
+            node: node.to_string(),
             gpus,
             demand,
             bound: true,
@@ -377,8 +403,11 @@ impl Cluster {
         pods
     }
 
-    fn demand(&self, pod: &Pod) -> Result<Option<PodDemand>, String> {
-        pod_demand(pod, &self.names).map_err(|e| format!("pod {}: {e}", pod_key(pod)))
+    fn demand(&self, pod: &Pod) -> Result<Option<PodDemand>, InvalidPod> {
+        pod_demand(pod, &self.names).map_err(|source| InvalidPod {
+            pod: pod_key(pod).to_string(),
+            source: Box::new(source),
+        })
     }
 
     /// `filter`: which of `names` can take the pod, and why the others cannot.
@@ -394,6 +423,7 @@ impl Cluster {
                 return out;
             }
             Err(e) => {
+                let e = e.to_string();
                 for n in names {
                     out.failed_and_unresolvable_nodes
                         .insert(n.clone(), e.clone());
@@ -429,7 +459,7 @@ impl Cluster {
                 .map_err(|r: Reject| (r.to_string(), unresolvable(&r.why)));
         }
         match self.nodes.get(n) {
-            Some(Err(e)) => Err((e.clone(), true)),
+            Some(Err(e)) => Err((e.to_string(), true)),
             _ => Err((format!("node {n} is not known to gpushare yet"), false)),
         }
     }
@@ -480,24 +510,27 @@ impl Cluster {
         timestamp: String,
     ) -> Result<Reserved, ReserveError> {
         let uid = pod.metadata.uid.clone().unwrap_or_default();
-        let demand = match self.demand(pod) {
-            Ok(Some(d)) => d,
-            Ok(None) => return Err(ReserveError::NoGpu { pod: pod_key(pod) }),
-            Err(e) => return Err(ReserveError::Invalid(e)),
+        let Some(demand) = self.demand(pod)? else {
+            return Err(ReserveError::NoGpu {
+                pod: pod_key(pod).to_string(),
+            });
         };
         // A retried bind: give back what an earlier attempt held.
         self.forget_pod(&uid);
         self.flush();
         let Some(id) = self.engine.node_id(node) else {
-            return Err(ReserveError::Node(match self.nodes.get(node) {
+            return Err(match self.nodes.get(node) {
                 Some(Err(e)) => e.clone(),
-                _ => format!("node {node} is not known to gpushare"),
-            }));
+                _ => NodeError::Unknown {
+                    node: node.to_string(),
+                },
+            }
+            .into());
         };
         let choice = self
             .engine
             .evaluate(id, &demand.request)
-            .map_err(|r| ReserveError::Unfit(r.to_string()))?;
+            .map_err(ReserveError::Unfit)?;
         let p = Placement {
             node: id,
             gpus: choice.gpus,
@@ -517,7 +550,7 @@ impl Cluster {
             })
             .collect();
         let allocation = Allocation {
-            pod: pod_key(pod),
+            pod: pod_key(pod).to_string(),
             node: node.to_string(),
             gpus: gpus.iter().map(|(i, _)| *i).collect(),
             demand: demand.request.gpu,
@@ -545,13 +578,11 @@ impl Cluster {
                     n.spec.name.clone(),
                     n.gpus
                         .iter()
-                        .map(|g| {
-                            (
-                                g.memory_mib - g.memory_free,
-                                g.memory_mib,
-                                1000 - g.core_free,
-                                g.pods,
-                            )
+                        .map(|g| GpuUsage {
+                            memory_allocated_mib: g.memory_mib - g.memory_free,
+                            memory_mib: g.memory_mib,
+                            core_allocated_milli: 1000 - g.core_free,
+                            pods: g.pods,
                         })
                         .collect(),
                 )
@@ -569,6 +600,7 @@ fn request_of(a: &Allocation) -> Request {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use gpushare_core::request::node::NodeGpus;
     use k8s_openapi::api::core::v1::{Container, PodSpec, PodStatus, ResourceRequirements};
     use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -688,7 +720,19 @@ mod tests {
         assert_eq!(gpus, [0, 0, 0, 1]);
         let usage = c.usage();
         let a = usage.iter().find(|(n, _)| n == "a").unwrap();
-        assert_eq!(a.1[0], (6144, 15360, 900, 3));
+        assert_eq!(
+            a.1[0],
+            GpuUsage {
+                memory_allocated_mib: 6144,
+                memory_mib: 15360,
+                core_allocated_milli: 900,
+                pods: 3
+            }
+        );
+        assert_eq!(
+            serde_json::to_string(&a.1[0]).unwrap(),
+            "[6144,15360,900,3]"
+        );
     }
 
     #[test]
@@ -709,7 +753,10 @@ mod tests {
         // 2 GPUs × min(15 GiB / 4, 100 % / 40 %) = 2 × 2.
         assert_eq!(placed.len(), 4);
         for g in &c.usage()[0].1 {
-            assert!(g.0 <= g.1 && g.2 <= 1000, "{g:?}");
+            assert!(
+                g.memory_allocated_mib <= g.memory_mib && g.core_allocated_milli <= 1000,
+                "{g:?}"
+            );
         }
         // Restart: a new cache rebuilt from the bound pods' annotations holds the same.
         let mut d = Cluster::new("binpack", ResourceNames::default(), Duration::from_secs(60));
@@ -768,7 +815,10 @@ mod tests {
         // A second node joins: the engine is rebuilt with the allocation re-applied.
         c.set_node(&node("b", 2, "core_mem", "spread"));
         let a = c.usage().into_iter().find(|(n, _)| n == "a").unwrap();
-        assert_eq!(a.1[0].0 + a.1[1].0, 8192);
+        assert_eq!(
+            a.1[0].memory_allocated_mib + a.1[1].memory_allocated_mib,
+            8192
+        );
         let pr = c.prioritize(&pod("q", "2", Some("10")), &names(&["a", "b"]));
         assert_eq!(pr.len(), 2);
         assert!(pr.iter().all(|h| (0..=MAX_SCORE).contains(&h.score)));

@@ -3,12 +3,14 @@
 //!
 //! - [`wire`] — the extender v1 wire types (Go field names);
 //! - [`podreq`] — what a pod asks for, and its assignment;
-//! - [`cache`] — nodes and allocations (assumed until seen bound), pure;
-//! - [`server`] — the HTTP handlers, bind, metrics;
-//! - [`kube`] — the watches and the API-server binder.
+//! - [`cache`] — nodes and allocations (assumed until seen bound), pure; Node and Pod objects
+//!   are read through [`crate::kubeobjects`], as `gpushare inspect` reads them;
+//! - [`server`] — the HTTP handlers, bind (refusals and API faults as distinct error types),
+//!   metrics (through [`crate::metrics`]);
+//! - [`apiserver`] — the watches and the API-server binder.
 
+pub mod apiserver;
 pub mod cache;
-pub mod kube;
 pub mod podreq;
 pub mod server;
 pub mod wire;
@@ -32,18 +34,18 @@ pub struct Settings {
 /// Serves the extender on `listener` until `shutdown` completes: the watches of nodes and
 /// pods feed the cache, assumed allocations expire, HTTP answers filter, prioritize and bind.
 pub async fn serve(
-    client: ::kube::Client,
+    client: kube::Client,
     listener: tokio::net::TcpListener,
     settings: Settings,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let cluster = cache::Cluster::new(&settings.policy, settings.names, settings.assume_ttl);
-    let binder = Arc::new(kube::KubeBinder {
+    let binder = Arc::new(apiserver::KubeBinder {
         client: client.clone(),
     });
     let ext = Arc::new(server::Extender::new(cluster, binder));
-    tokio::spawn(kube::watch_nodes(client.clone(), ext.clone()));
-    tokio::spawn(kube::watch_pods(client, ext.clone()));
+    tokio::spawn(apiserver::watch_nodes(client.clone(), ext.clone()));
+    tokio::spawn(apiserver::watch_pods(client, ext.clone()));
     let expiry = ext.clone();
     tokio::spawn(async move {
         loop {

@@ -4,6 +4,7 @@
 
 use k8s_openapi::api::core::v1::{Container, Pod};
 
+use crate::kubeobjects::pod_key;
 use gpushare_core::placement::{GpuDemand, InvalidRequest, Request};
 use gpushare_core::request::limits::parse_limits;
 use gpushare_core::request::{
@@ -57,6 +58,14 @@ pub enum PodError {
     CoreOverOneGpu { core_field: String, total: u32 },
 }
 
+/// A pod whose GPU request is refused, named.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("pod {pod}: {source}")]
+pub struct InvalidPod {
+    pub pod: String,
+    pub source: Box<PodError>,
+}
+
 fn limits_of(c: &Container) -> std::collections::HashMap<String, String> {
     let Some(r) = &c.resources else {
         return Default::default();
@@ -76,7 +85,7 @@ fn limits_of(c: &Container) -> std::collections::HashMap<String, String> {
 
 /// The pod's GPU demand; `Ok(None)` for a pod without GPU resources.
 pub fn pod_demand(pod: &Pod, names: &ResourceNames) -> Result<Option<PodDemand>, PodError> {
-    let name = pod_key(pod);
+    let name = pod_key(pod).to_string();
     let mut shares: Vec<ContainerShare> = Vec::new();
     let containers = pod.spec.iter().flat_map(|s| s.containers.iter());
     for c in containers {
@@ -149,15 +158,6 @@ pub fn pod_demand(pod: &Pod, names: &ResourceNames) -> Result<Option<PodDemand>,
         request,
         containers: shares,
     }))
-}
-
-/// `namespace/name`.
-pub fn pod_key(pod: &Pod) -> String {
-    format!(
-        "{}/{}",
-        pod.metadata.namespace.as_deref().unwrap_or("default"),
-        pod.metadata.name.as_deref().unwrap_or("")
-    )
 }
 
 impl PodDemand {
@@ -252,6 +252,19 @@ mod tests {
     const CORE: &str = "aliyun.com/gpu-core.percentage";
     const COUNT: &str = "aliyun.com/gpu-count";
 
+    /// The demand of a pod that asks for GPUs.
+    fn gpu_demand(p: &Pod) -> PodDemand {
+        pod_demand(p, &ResourceNames::default()).unwrap().unwrap()
+    }
+
+    fn shared(count: u32, memory_mib: u64, core_milli: Option<u32>) -> GpuDemand {
+        GpuDemand::Shared {
+            count,
+            memory_mib,
+            core_milli,
+        }
+    }
+
     #[test]
     fn demands() {
         let n = ResourceNames::default();
@@ -259,17 +272,8 @@ mod tests {
             pod_demand(&pod(&[("c", &[("cpu", "1")])]), &n).unwrap(),
             None
         );
-        let d = pod_demand(&pod(&[("main", &[(MEM, "2"), (CORE, "30")])]), &n)
-            .unwrap()
-            .unwrap();
-        assert_eq!(
-            d.request.gpu,
-            GpuDemand::Shared {
-                count: 1,
-                memory_mib: 2048,
-                core_milli: Some(300)
-            }
-        );
+        let d = gpu_demand(&pod(&[("main", &[(MEM, "2"), (CORE, "30")])]));
+        assert_eq!(d.request.gpu, shared(1, 2048, Some(300)));
         assert_eq!(d.request.name, "ns/p");
         let a = d.assignment(&[(1, "GPU-1".into())], "t".into());
         assert_eq!(
@@ -277,44 +281,23 @@ mod tests {
             r#"{"version":1,"timestamp":"t","containers":{"main":[{"gpuIndex":1,"gpuUuid":"GPU-1","memoryMiB":2048,"corePercent":30}]}}"#
         );
         // Two containers share one GPU.
-        let d = pod_demand(
-            &pod(&[
-                ("a", &[(MEM, "2"), (CORE, "30")]),
-                ("side", &[("cpu", "1")]),
-                ("b", &[(MEM, "1"), (CORE, "20")]),
-            ]),
-            &n,
-        )
-        .unwrap()
-        .unwrap();
-        assert_eq!(
-            d.request.gpu,
-            GpuDemand::Shared {
-                count: 1,
-                memory_mib: 3072,
-                core_milli: Some(500)
-            }
-        );
+        let d = gpu_demand(&pod(&[
+            ("a", &[(MEM, "2"), (CORE, "30")]),
+            ("side", &[("cpu", "1")]),
+            ("b", &[(MEM, "1"), (CORE, "20")]),
+        ]));
+        assert_eq!(d.request.gpu, shared(1, 3072, Some(500)));
         let (gpus, demand) =
             demand_of_assignment(&d.assignment(&[(0, String::new())], "t".into())).unwrap();
         assert_eq!((gpus, demand), (vec![0], d.request.gpu));
         // Multi-GPU container: memory split over the GPUs.
-        let d = pod_demand(&pod(&[("m", &[(MEM, "8"), (COUNT, "2")])]), &n)
-            .unwrap()
-            .unwrap();
+        let d = gpu_demand(&pod(&[("m", &[(MEM, "8"), (COUNT, "2")])]));
         let a = d.assignment(&[(0, String::new()), (3, String::new())], "t".into());
         assert_eq!(a.containers["m"].len(), 2);
         assert_eq!(a.containers["m"][1].memory_mib, 4096);
         assert_eq!(
             demand_of_assignment(&a).unwrap(),
-            (
-                vec![0, 3],
-                GpuDemand::Shared {
-                    count: 2,
-                    memory_mib: 4096,
-                    core_milli: None
-                }
-            )
+            (vec![0, 3], shared(2, 4096, None))
         );
     }
 

@@ -2,7 +2,6 @@
 //! protocol), `GET /healthz`, `/metrics` (Prometheus text) and `/allocations` (JSON).
 
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -15,32 +14,127 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use k8s_openapi::api::core::v1::Pod;
 
-use super::cache::Cluster;
-use super::podreq::pod_key;
+use super::cache::{Cluster, ReserveError};
 use super::wire::{
     ExtenderArgs, ExtenderBindingArgs, ExtenderBindingResult, ExtenderFilterResult, HostPriority,
 };
+use crate::kubeobjects::{PodKey, pod_key};
+use crate::metrics::{Kind, PromText};
 use gpushare_core::request::ASSIGNMENT_ANNOTATION;
 use gpushare_core::request::node::{
     ACK_GPU_MEM_ASSIGNED, ACK_GPU_MEM_ASSUME_TIME, ACK_GPU_MEM_DEV, ACK_GPU_MEM_IDX,
     ACK_GPU_MEM_POD,
 };
 
+/// A boxed cause (the API client's error, or a stand-in's).
+pub type Cause = Box<dyn std::error::Error + Send + Sync>;
+
+/// A fault: the API server did not do what bind asked (the pod may well fit).
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    #[error("cannot read pod {pod}: {source}")]
+    GetPod { pod: PodKey, source: Cause },
+    #[error("cannot annotate pod {pod}: {source}")]
+    Annotate { pod: PodKey, source: Cause },
+    #[error("cannot bind pod {pod} to {node}: {source}")]
+    Bind {
+        pod: PodKey,
+        node: String,
+        source: Cause,
+    },
+}
+
+impl ApiError {
+    /// What the API client said, without our context.
+    pub fn cause(&self) -> &Cause {
+        match self {
+            ApiError::GetPod { source, .. }
+            | ApiError::Annotate { source, .. }
+            | ApiError::Bind { source, .. } => source,
+        }
+    }
+}
+
+/// A refusal: this pod cannot be bound to this node (retrying the same request will not help
+/// until something changes).
+#[derive(Debug, thiserror::Error)]
+pub enum BindRefusal {
+    #[error("pod {pod} has UID {uid}, the bind request names {requested}")]
+    UidMismatch {
+        pod: String,
+        uid: String,
+        requested: String,
+    },
+    #[error("pod {pod} is already bound to {node}")]
+    AlreadyBound { pod: String, node: String },
+    #[error(transparent)]
+    Reserve(#[from] ReserveError),
+}
+
+/// Why `bind` did not bind: a refusal or a fault. Both reach kube-scheduler the same way (the
+/// `Error` of the bind answer, HTTP 200: the extender protocol has no other channel); the
+/// types keep them apart for logs and callers.
+#[derive(Debug, thiserror::Error)]
+pub enum BindError {
+    #[error(transparent)]
+    Refused(#[from] BindRefusal),
+    #[error(transparent)]
+    Fault(#[from] ApiError),
+}
+
+impl From<ReserveError> for BindError {
+    fn from(e: ReserveError) -> Self {
+        BindError::Refused(e.into())
+    }
+}
+
+impl BindError {
+    pub fn is_fault(&self) -> bool {
+        matches!(self, BindError::Fault(_))
+    }
+}
+
+impl From<BindError> for ExtenderBindingResult {
+    fn from(e: BindError) -> Self {
+        ExtenderBindingResult {
+            error: e.to_string(),
+        }
+    }
+}
+
+/// Why `filter` answers with an error instead of nodes.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FilterError {
+    /// A refusal: the request is malformed.
+    #[error("filter: the request carries no Pod")]
+    NoPod,
+    /// A fault: we cannot decide yet (kube-scheduler retries).
+    #[error("gpushare scheduler: cache not synced with the API server yet")]
+    NotSynced,
+}
+
+impl From<FilterError> for ExtenderFilterResult {
+    fn from(e: FilterError) -> Self {
+        ExtenderFilterResult {
+            error: e.to_string(),
+            ..Default::default()
+        }
+    }
+}
+
 /// What `bind` needs from the API server (a trait so the benchmark and tests can run the
 /// extender without one).
 #[async_trait]
 pub trait Binder: Send + Sync {
-    async fn get_pod(&self, namespace: &str, name: &str) -> Result<Pod, String>;
+    async fn get_pod(&self, pod: &PodKey) -> Result<Pod, ApiError>;
     /// Merge-patches pod annotations (`None` removes one).
-    async fn annotate(
-        &self,
-        namespace: &str,
-        name: &str,
-        annotations: BTreeMap<String, Option<String>>,
-    ) -> Result<(), String>;
+    async fn annotate(&self, pod: &PodKey, annotations: Annotations) -> Result<(), ApiError>;
     /// Creates the pod's Binding to `node`.
-    async fn bind(&self, namespace: &str, name: &str, uid: &str, node: &str) -> Result<(), String>;
+    async fn bind(&self, pod: &PodKey, uid: &str, node: &str) -> Result<(), ApiError>;
 }
+
+/// Annotations to merge into a pod (`None` removes one).
+pub type Annotations = BTreeMap<String, Option<String>>;
 
 /// Latency histogram (seconds) with fixed buckets.
 #[derive(Debug)]
@@ -74,22 +168,22 @@ impl Histogram {
         self.sum_ns.fetch_add((s * 1e9) as u64, Ordering::Relaxed);
     }
 
-    fn write(&self, out: &mut String, name: &str, labels: &str) {
-        for (b, le) in self.buckets.iter().zip(BUCKETS_S) {
-            let _ = writeln!(
-                out,
-                "{name}_bucket{{{labels},le=\"{le}\"}} {}",
-                b.load(Ordering::Relaxed)
-            );
-        }
+    /// Its `_bucket`, `_sum` and `_count` samples, with `labels`.
+    fn write(&self, m: &mut PromText, name: &str, labels: &[(&str, &str)]) {
+        let bucket = format!("{name}_bucket");
+        let les = BUCKETS_S.iter().map(|le| le.to_string());
+        let counts = self.buckets.iter().map(|b| b.load(Ordering::Relaxed));
         let count = self.count.load(Ordering::Relaxed);
-        let _ = writeln!(out, "{name}_bucket{{{labels},le=\"+Inf\"}} {count}");
-        let _ = writeln!(
-            out,
-            "{name}_sum{{{labels}}} {}",
-            self.sum_ns.load(Ordering::Relaxed) as f64 / 1e9
+        for (le, n) in les.chain(["+Inf".into()]).zip(counts.chain([count])) {
+            let l: Vec<(&str, &str)> = labels.iter().copied().chain([("le", &*le)]).collect();
+            m.sample_of(&bucket, &l, n);
+        }
+        m.sample_of(
+            &format!("{name}_sum"),
+            labels,
+            self.sum_ns.load(Ordering::Relaxed) as f64 / 1e9,
         );
-        let _ = writeln!(out, "{name}_count{{{labels}}} {count}");
+        m.sample_of(&format!("{name}_count"), labels, count);
     }
 }
 
@@ -137,14 +231,8 @@ impl Extender {
         let t = Instant::now();
         let names = candidate_names(args);
         let out = match &args.pod {
-            None => ExtenderFilterResult {
-                error: "filter: the request carries no Pod".into(),
-                ..Default::default()
-            },
-            Some(_) if !self.synced() => ExtenderFilterResult {
-                error: "gpushare scheduler: cache not synced with the API server yet".into(),
-                ..Default::default()
-            },
+            None => FilterError::NoPod.into(),
+            Some(_) if !self.synced() => FilterError::NotSynced.into(),
             Some(pod) => self.lock().filter(pod, &names),
         };
         self.metrics.filter.observe(t);
@@ -174,30 +262,38 @@ impl Extender {
             }
             Err(e) => {
                 self.metrics.binds_failed.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(pod = %format!("{}/{}", args.pod_namespace, args.pod_name), node = %args.node, "bind failed: {e}");
-                ExtenderBindingResult { error: e }
+                tracing::warn!(pod = %format!("{}/{}", args.pod_namespace, args.pod_name), node = %args.node, fault = e.is_fault(), "bind failed: {e}");
+                e.into()
             }
         }
     }
 
-    async fn bind_inner(&self, args: &ExtenderBindingArgs) -> Result<(), String> {
-        let (ns, name, node) = (&args.pod_namespace, &args.pod_name, &args.node);
-        let pod = self.binder.get_pod(ns, name).await?;
+    async fn bind_inner(&self, args: &ExtenderBindingArgs) -> Result<(), BindError> {
+        let key = PodKey {
+            namespace: args.pod_namespace.clone(),
+            name: args.pod_name.clone(),
+        };
+        let node = &args.node;
+        let pod = self.binder.get_pod(&key).await?;
         let uid = pod.metadata.uid.clone().unwrap_or_default();
         if !args.pod_uid.is_empty() && uid != args.pod_uid {
-            return Err(format!(
-                "pod {ns}/{name} has UID {uid}, the bind request names {}",
-                args.pod_uid
-            ));
+            return Err(BindRefusal::UidMismatch {
+                pod: key.to_string(),
+                uid,
+                requested: args.pod_uid.clone(),
+            }
+            .into());
         }
         if let Some(bound) = pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) {
-            return Err(format!("pod {ns}/{name} is already bound to {bound}"));
+            return Err(BindRefusal::AlreadyBound {
+                pod: key.to_string(),
+                node: bound.to_string(),
+            }
+            .into());
         }
         let (reserved, unit, dev) = {
             let mut c = self.lock();
-            let r = c
-                .reserve(&pod, node, now_rfc3339())
-                .map_err(|e| e.to_string())?;
+            let r = c.reserve(&pod, node, now_rfc3339())?;
             let unit = c.names().memory_unit.mib();
             let first = r.allocation.gpus.first().copied().unwrap_or(0) as usize;
             let dev = c
@@ -207,7 +303,7 @@ impl Extender {
                 .map(|g| g.memory_mib / unit);
             (r, unit, dev)
         };
-        let mut ann: BTreeMap<String, Option<String>> = BTreeMap::new();
+        let mut ann = Annotations::new();
         ann.insert(
             ASSIGNMENT_ANNOTATION.into(),
             Some(reserved.assignment.to_json()),
@@ -235,18 +331,18 @@ impl Extender {
         if let Some(dev) = dev {
             ann.insert(ACK_GPU_MEM_DEV.into(), Some(dev.to_string()));
         }
-        if let Err(e) = self.binder.annotate(ns, name, ann.clone()).await {
+        if let Err(e) = self.binder.annotate(&key, ann.clone()).await {
             self.lock().forget_pod(&uid);
-            return Err(format!("cannot annotate pod {ns}/{name}: {e}"));
+            return Err(e.into());
         }
-        if let Err(e) = self.binder.bind(ns, name, &uid, node).await {
+        if let Err(e) = self.binder.bind(&key, &uid, node).await {
             self.lock().forget_pod(&uid);
             // Take the assignment back so nothing on the pod claims GPUs it does not hold.
             let clear = ann.keys().map(|k| (k.clone(), None)).collect();
-            if let Err(e2) = self.binder.annotate(ns, name, clear).await {
-                tracing::warn!(pod = %pod_key(&pod), "cannot remove the assignment after a failed bind: {e2}");
+            if let Err(e2) = self.binder.annotate(&key, clear).await {
+                tracing::warn!(pod = %pod_key(&pod), "cannot remove the assignment after a failed bind: {}", e2.cause());
             }
-            return Err(format!("cannot bind pod {ns}/{name} to {node}: {e}"));
+            return Err(e.into());
         }
         tracing::info!(
             pod = %pod_key(&pod), node = %node, gpus = ?reserved.allocation.gpus,
@@ -256,71 +352,52 @@ impl Extender {
     }
 
     pub fn metrics_text(&self) -> String {
-        let mut out = String::new();
+        let mut out = PromText::new();
         let m = &self.metrics;
-        let _ = writeln!(out, "# TYPE gpushare_extender_request_seconds histogram");
-        m.filter.write(
-            &mut out,
-            "gpushare_extender_request_seconds",
-            "verb=\"filter\"",
-        );
-        m.prioritize.write(
-            &mut out,
-            "gpushare_extender_request_seconds",
-            "verb=\"prioritize\"",
-        );
-        m.bind.write(
-            &mut out,
-            "gpushare_extender_request_seconds",
-            "verb=\"bind\"",
-        );
-        let _ = writeln!(out, "# TYPE gpushare_extender_binds_total counter");
-        let _ = writeln!(
-            out,
-            "gpushare_extender_binds_total{{result=\"ok\"}} {}",
-            m.binds_ok.load(Ordering::Relaxed)
-        );
-        let _ = writeln!(
-            out,
-            "gpushare_extender_binds_total{{result=\"failed\"}} {}",
-            m.binds_failed.load(Ordering::Relaxed)
-        );
-        let _ = writeln!(
-            out,
-            "gpushare_extender_assumed_expired_total {}",
-            m.assumed_expired.load(Ordering::Relaxed)
-        );
+        let latency = "gpushare_extender_request_seconds";
+        out.family(latency, Kind::Histogram);
+        for (verb, h) in [
+            ("filter", &m.filter),
+            ("prioritize", &m.prioritize),
+            ("bind", &m.bind),
+        ] {
+            h.write(&mut out, latency, &[("verb", verb)]);
+        }
+        out.family("gpushare_extender_binds_total", Kind::Counter)
+            .sample(&[("result", "ok")], m.binds_ok.load(Ordering::Relaxed))
+            .sample(
+                &[("result", "failed")],
+                m.binds_failed.load(Ordering::Relaxed),
+            )
+            .untyped("gpushare_extender_assumed_expired_total")
+            .sample(&[], m.assumed_expired.load(Ordering::Relaxed));
         let c = self.lock();
         let (mut assumed, mut bound) = (0, 0);
         for (_, a) in c.allocations() {
             if a.bound { bound += 1 } else { assumed += 1 }
         }
-        let _ = writeln!(out, "# TYPE gpushare_extender_allocations gauge");
-        let _ = writeln!(
-            out,
-            "gpushare_extender_allocations{{state=\"assumed\"}} {assumed}"
-        );
-        let _ = writeln!(
-            out,
-            "gpushare_extender_allocations{{state=\"bound\"}} {bound}"
-        );
-        let _ = writeln!(out, "gpushare_extender_gpu_nodes {}", c.gpu_nodes());
-        let _ = writeln!(out, "# TYPE gpushare_gpu_memory_allocated_mib gauge");
+        out.family("gpushare_extender_allocations", Kind::Gauge)
+            .sample(&[("state", "assumed")], assumed)
+            .sample(&[("state", "bound")], bound)
+            .untyped("gpushare_extender_gpu_nodes")
+            .sample(&[], c.gpu_nodes());
+        out.family("gpushare_gpu_memory_allocated_mib", Kind::Gauge);
         for (node, gpus) in c.usage() {
-            for (i, (used, total, core, pods)) in gpus.iter().enumerate() {
-                let l = format!("node=\"{node}\",gpu=\"{i}\"");
-                let _ = writeln!(out, "gpushare_gpu_memory_allocated_mib{{{l}}} {used}");
-                let _ = writeln!(out, "gpushare_gpu_memory_mib{{{l}}} {total}");
-                let _ = writeln!(
-                    out,
-                    "gpushare_gpu_core_allocated_percent{{{l}}} {}",
-                    core / 10
-                );
-                let _ = writeln!(out, "gpushare_gpu_pods{{{l}}} {pods}");
+            for (i, g) in gpus.iter().enumerate() {
+                let i = i.to_string();
+                let l = [("node", node.as_str()), ("gpu", i.as_str())];
+                out.sample(&l, g.memory_allocated_mib)
+                    .sample_of("gpushare_gpu_memory_mib", &l, g.memory_mib)
+                    .sample_of(
+                        "gpushare_gpu_core_allocated_percent",
+                        &l,
+                        g.core_allocated_milli / 10,
+                    )
+                    .sample_of("gpushare_gpu_pods", &l, g.pods);
             }
         }
-        let _ = writeln!(out, "gpushare_extender_synced {}", self.synced() as u8);
-        out
+        out.sample_of("gpushare_extender_synced", &[], self.synced() as u8);
+        out.finish()
     }
 
     pub fn allocations_json(&self) -> serde_json::Value {
@@ -426,6 +503,98 @@ async fn allocations(State(e): State<Arc<Extender>>) -> impl IntoResponse {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Knows one pod (`ns/p`, UID `u`, no GPU resources); binds nothing.
+    struct OnePod;
+
+    #[async_trait]
+    impl Binder for OnePod {
+        async fn get_pod(&self, pod: &PodKey) -> Result<Pod, ApiError> {
+            if pod.name != "p" {
+                return Err(ApiError::GetPod {
+                    pod: pod.clone(),
+                    source: "not found".into(),
+                });
+            }
+            let mut p = Pod::default();
+            p.metadata.namespace = Some(pod.namespace.clone());
+            p.metadata.name = Some(pod.name.clone());
+            p.metadata.uid = Some("u".into());
+            Ok(p)
+        }
+        async fn annotate(&self, _: &PodKey, _: Annotations) -> Result<(), ApiError> {
+            Ok(())
+        }
+        async fn bind(&self, _: &PodKey, _: &str, _: &str) -> Result<(), ApiError> {
+            Ok(())
+        }
+    }
+
+    #[tokio::test]
+    async fn refusals_and_faults_answer_with_their_message() {
+        let cluster = Cluster::new(
+            "gpushare",
+            gpushare_core::request::ResourceNames::default(),
+            std::time::Duration::from_secs(60),
+        );
+        let ext = Extender::new(cluster, Arc::new(OnePod));
+        let args = |name: &str, uid: &str| ExtenderBindingArgs {
+            pod_name: name.into(),
+            pod_namespace: "ns".into(),
+            pod_uid: uid.into(),
+            node: "a".into(),
+        };
+        let e = ext.bind_inner(&args("q", "")).await.unwrap_err();
+        assert!(e.is_fault(), "{e:?}");
+        assert_eq!(e.to_string(), "cannot read pod ns/q: not found");
+        let e = ext.bind_inner(&args("p", "v")).await.unwrap_err();
+        assert!(!e.is_fault(), "{e:?}");
+        assert_eq!(
+            ExtenderBindingResult::from(e).error,
+            "pod ns/p has UID u, the bind request names v"
+        );
+        let answer = ext.bind(&args("p", "u")).await;
+        assert_eq!(answer.error, "pod ns/p asks for no GPU resource");
+        assert_eq!(ext.metrics.binds_failed.load(Ordering::Relaxed), 1);
+        let r = ext.filter(&ExtenderArgs::default());
+        assert_eq!(r.error, "filter: the request carries no Pod");
+    }
+
+    #[test]
+    fn metrics_text_is_exact() {
+        use gpushare_core::request::node::{NODE_GPUS_ANNOTATION, NodeGpu, NodeGpus};
+        let mut cluster = Cluster::new(
+            "gpushare",
+            gpushare_core::request::ResourceNames::default(),
+            std::time::Duration::from_secs(60),
+        );
+        let gpus = NodeGpus {
+            version: 1,
+            gpus: (0..2)
+                .map(|index| NodeGpu {
+                    index,
+                    uuid: format!("GPU-{index}"),
+                    model: "sim".into(),
+                    memory_mib: 15360,
+                    healthy: true,
+                })
+                .collect(),
+        };
+        let mut node = k8s_openapi::api::core::v1::Node::default();
+        node.metadata.name = Some("a".into());
+        node.metadata.annotations =
+            Some([(NODE_GPUS_ANNOTATION.to_string(), gpus.to_json())].into());
+        cluster.set_node(&node);
+        let ext = Extender::new(cluster, Arc::new(OnePod));
+        ext.metrics.binds_ok.fetch_add(5, Ordering::Relaxed);
+        ext.metrics.binds_failed.fetch_add(2, Ordering::Relaxed);
+        ext.metrics.assumed_expired.fetch_add(1, Ordering::Relaxed);
+        ext.synced_nodes.store(true, Ordering::Release);
+        assert_eq!(
+            ext.metrics_text(),
+            include_str!("../../tests/golden/extender_metrics.txt")
+        );
+    }
 
     #[test]
     fn rfc3339() {

@@ -1,7 +1,7 @@
 //! The extender's API-server side: watches of nodes and pods feeding the cache, and the
 //! [`Binder`] that annotates and binds pods.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
@@ -13,7 +13,8 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 
-use super::server::{Binder, Extender};
+use super::server::{Annotations, ApiError, Binder, Extender};
+use crate::kubeobjects::PodKey;
 
 /// Annotates and binds through the API server.
 pub struct KubeBinder {
@@ -22,32 +23,33 @@ pub struct KubeBinder {
 
 #[async_trait]
 impl Binder for KubeBinder {
-    async fn get_pod(&self, namespace: &str, name: &str) -> Result<Pod, String> {
-        Api::<Pod>::namespaced(self.client.clone(), namespace)
-            .get(name)
+    async fn get_pod(&self, pod: &PodKey) -> Result<Pod, ApiError> {
+        self.pods(pod)
+            .get(&pod.name)
             .await
-            .map_err(|e| format!("cannot read pod {namespace}/{name}: {e}"))
+            .map_err(|e| ApiError::GetPod {
+                pod: pod.clone(),
+                source: e.into(),
+            })
     }
 
-    async fn annotate(
-        &self,
-        namespace: &str,
-        name: &str,
-        annotations: BTreeMap<String, Option<String>>,
-    ) -> Result<(), String> {
+    async fn annotate(&self, pod: &PodKey, annotations: Annotations) -> Result<(), ApiError> {
         let patch = serde_json::json!({ "metadata": { "annotations": annotations } });
-        Api::<Pod>::namespaced(self.client.clone(), namespace)
-            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        self.pods(pod)
+            .patch(&pod.name, &PatchParams::default(), &Patch::Merge(&patch))
             .await
             .map(|_| ())
-            .map_err(|e| e.to_string())
+            .map_err(|e| ApiError::Annotate {
+                pod: pod.clone(),
+                source: e.into(),
+            })
     }
 
-    async fn bind(&self, namespace: &str, name: &str, uid: &str, node: &str) -> Result<(), String> {
+    async fn bind(&self, pod: &PodKey, uid: &str, node: &str) -> Result<(), ApiError> {
         let binding = Binding {
             metadata: ObjectMeta {
-                name: Some(name.to_string()),
-                namespace: Some(namespace.to_string()),
+                name: Some(pod.name.clone()),
+                namespace: Some(pod.namespace.clone()),
                 uid: (!uid.is_empty()).then(|| uid.to_string()),
                 ..Default::default()
             },
@@ -58,16 +60,27 @@ impl Binder for KubeBinder {
                 ..Default::default()
             },
         };
-        Api::<Pod>::namespaced(self.client.clone(), namespace)
+        self.pods(pod)
             .create_subresource::<Binding, serde_json::Value>(
                 "binding",
-                name,
+                &pod.name,
                 &PostParams::default(),
                 &binding,
             )
             .await
             .map(|_| ())
-            .map_err(|e| e.to_string())
+            .map_err(|e| ApiError::Bind {
+                pod: pod.clone(),
+                node: node.to_string(),
+                source: e.into(),
+            })
+    }
+}
+
+impl KubeBinder {
+    /// The pods of `pod`'s namespace.
+    fn pods(&self, pod: &PodKey) -> Api<Pod> {
+        Api::namespaced(self.client.clone(), &pod.namespace)
     }
 }
 
