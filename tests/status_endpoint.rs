@@ -4,14 +4,14 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use gpushare::node::{Node, NodeState};
+use gpushare::node::{AgentState, Node};
 use gpushare::throttle::cgroup::{CgroupFs, CgroupVersion};
 use gpushare::throttle::controller::{ContainerStats, ControllerLink, ThrottleStats};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 fn node() -> Arc<Node> {
-    let node = Arc::new(Node::new(NodeState::in_memory("n")));
+    let node = Arc::new(Node::new(AgentState::in_memory("n")));
     node.stats.creates_gpu.fetch_add(3, Ordering::Relaxed);
     node.stats.creates_refused.fetch_add(1, Ordering::Relaxed);
     node.stats.syncs.fetch_add(2, Ordering::Relaxed);
@@ -33,7 +33,11 @@ fn node() -> Arc<Node> {
     );
     *stats.loop_seconds.lock().unwrap() = 0.000125;
     let link = ControllerLink::new(CgroupFs::new("/nonexistent", CgroupVersion::V2));
-    node.attach_controller(Arc::new(stats), Arc::new(link));
+    node.attach(
+        Arc::new(stats),
+        Arc::new(link),
+        Arc::new(std::sync::atomic::AtomicBool::new(true)),
+    );
     node
 }
 

@@ -290,11 +290,22 @@ impl Node {
 
     /// Connects the running throttling controller.
     pub fn attach_controller(&self, running: &Running) {
-        let _ = self.throttle.set(Attached {
-            stats: running.stats.clone(),
-            link: running.link.clone(),
-            alive: running.alive.clone(),
-        });
+        self.attach(
+            running.stats.clone(),
+            running.link.clone(),
+            running.alive.clone(),
+        );
+    }
+
+    /// Connects a controller by its parts: its statistics, its release link and the flag that
+    /// says it runs.
+    pub fn attach(
+        &self,
+        stats: Arc<ThrottleStats>,
+        link: Arc<ControllerLink>,
+        alive: Arc<AtomicBool>,
+    ) {
+        let _ = self.throttle.set(Attached { stats, link, alive });
     }
 
     /// The controller could not start: from now on GPU containers are refused with `reason`.
