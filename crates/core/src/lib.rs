@@ -9,10 +9,13 @@
 //!   validated in one place;
 //! - [`adjust`] — what a GPU container gets: device nodes, environment, mounts;
 //! - [`placement`] — which node and GPUs a pod gets (the scheduler and `simulate`);
-//! - [`control`] — the throttle control law (per-GPU run windows from quotas and samples).
+//! - [`control`] — the throttle control law (per-GPU run windows from quotas and samples);
+//! - [`limiter`] — the in-container limiter contract: container paths, the limits file, the
+//!   shared accounting region layout.
 
 pub mod adjust;
 pub mod control;
 pub mod inventory;
+pub mod limiter;
 pub mod placement;
 pub mod request;

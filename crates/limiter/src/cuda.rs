@@ -1,0 +1,745 @@
+//! The CUDA driver API wrappers: every allocation path counted against the container's quota
+//! and refused over it with `CUDA_ERROR_OUT_OF_MEMORY` before the driver is called; the
+//! memory views report the quota as the GPU's total.
+//!
+//! Which GPU an allocation lands on: the current context's device (`cuCtxGetDevice`), or the
+//! location a VMM allocation names. A CUDA device is matched to the limits file by UUID
+//! (`cuDeviceGetUuid`), falling back to its ordinal as a position in the file.
+
+use std::ffi::{c_char, c_int, c_uint, c_void};
+use std::sync::atomic::AtomicU8;
+use std::sync::atomic::Ordering::{Acquire, Release};
+
+use gpushare_core::limiter::format_gpu_uuid;
+
+use crate::real::{Lib, RealSym};
+use crate::state::{self, Counted, Kind, Limiter, UNKNOWN_DEVICE_REPORTED, limiter, report_once};
+
+pub type CuResult = c_int;
+pub type CuDevicePtr = u64;
+pub type CuDevice = c_int;
+pub type CuStream = *mut c_void;
+pub type CuMemPool = *mut c_void;
+pub type CuArray = *mut c_void;
+pub type CuMemHandle = u64;
+
+pub const CUDA_SUCCESS: CuResult = 0;
+pub const CUDA_ERROR_INVALID_VALUE: CuResult = 1;
+pub const CUDA_ERROR_OUT_OF_MEMORY: CuResult = 2;
+pub const CUDA_ERROR_INVALID_DEVICE: CuResult = 101;
+pub const CUDA_ERROR_NOT_FOUND: CuResult = 500;
+/// What every counted call returns when the limiter has no usable limits or region.
+pub const CUDA_ERROR_NOT_PERMITTED: CuResult = 800;
+
+/// `CU_MEM_LOCATION_TYPE_DEVICE`.
+const LOCATION_DEVICE: c_uint = 1;
+
+macro_rules! real {
+    ($static:ident, $name:literal) => {
+        pub(crate) static $static: RealSym = RealSym::new(Lib::Cuda, $name);
+    };
+}
+
+real!(R_CTX_GET_DEVICE, c"cuCtxGetDevice");
+real!(R_DEVICE_GET_UUID_V2, c"cuDeviceGetUuid_v2");
+real!(R_DEVICE_GET_UUID, c"cuDeviceGetUuid");
+real!(R_MEM_ALLOC, c"cuMemAlloc_v2");
+real!(R_MEM_ALLOC_PITCH, c"cuMemAllocPitch_v2");
+real!(R_MEM_ALLOC_MANAGED, c"cuMemAllocManaged");
+real!(R_MEM_ALLOC_ASYNC, c"cuMemAllocAsync");
+real!(R_MEM_ALLOC_ASYNC_PTSZ, c"cuMemAllocAsync_ptsz");
+real!(R_MEM_ALLOC_FROM_POOL_ASYNC, c"cuMemAllocFromPoolAsync");
+real!(
+    R_MEM_ALLOC_FROM_POOL_ASYNC_PTSZ,
+    c"cuMemAllocFromPoolAsync_ptsz"
+);
+real!(R_MEM_FREE, c"cuMemFree_v2");
+real!(R_MEM_FREE_ASYNC, c"cuMemFreeAsync");
+real!(R_MEM_FREE_ASYNC_PTSZ, c"cuMemFreeAsync_ptsz");
+real!(R_MEM_CREATE, c"cuMemCreate");
+real!(R_MEM_RELEASE, c"cuMemRelease");
+real!(R_ARRAY_CREATE, c"cuArrayCreate_v2");
+real!(R_ARRAY_3D_CREATE, c"cuArray3DCreate_v2");
+real!(R_ARRAY_DESTROY, c"cuArrayDestroy");
+real!(R_MEM_GET_INFO, c"cuMemGetInfo_v2");
+real!(R_DEVICE_TOTAL_MEM, c"cuDeviceTotalMem_v2");
+real!(R_GET_PROC_ADDRESS, c"cuGetProcAddress");
+real!(R_GET_PROC_ADDRESS_V2, c"cuGetProcAddress_v2");
+
+/// Calls the real function or returns `CUDA_ERROR_NOT_FOUND` if the driver lacks it.
+macro_rules! call_real {
+    ($sym:expr, fn($($ty:ty),*), $($arg:expr),*) => {{
+        // SAFETY: the type spelled here is the documented C signature of the symbol.
+        match unsafe { $sym.get::<unsafe extern "C" fn($($ty),*) -> CuResult>() } {
+            // SAFETY: forwarding the caller's arguments to the real driver function.
+            Some(f) => unsafe { f($($arg),*) },
+            None => CUDA_ERROR_NOT_FOUND,
+        }
+    }};
+}
+
+/// Cache: CUDA ordinal → position in the limits file + 1 (0 = not yet looked up).
+const MAX_ORDINALS: usize = 64;
+static ORDINAL_POS: [AtomicU8; MAX_ORDINALS] = [const { AtomicU8::new(0) }; MAX_ORDINALS];
+const NOT_LIMITED: u8 = u8::MAX;
+
+/// The limits-file position of CUDA device `dev`.
+fn device_pos(lim: &Limiter, dev: CuDevice) -> Result<usize, CuResult> {
+    let cached = usize::try_from(dev)
+        .ok()
+        .filter(|&d| d < MAX_ORDINALS)
+        .map(|d| &ORDINAL_POS[d]);
+    if let Some(c) = cached {
+        match c.load(Acquire) {
+            0 => {}
+            NOT_LIMITED => return Err(unknown_device(dev)),
+            p => return Ok(usize::from(p - 1)),
+        }
+    }
+    let mut uuid = [0u8; 16];
+    let mut rc = call_real!(
+        R_DEVICE_GET_UUID_V2,
+        fn(*mut u8, CuDevice),
+        uuid.as_mut_ptr(),
+        dev
+    );
+    if rc != CUDA_SUCCESS {
+        rc = call_real!(
+            R_DEVICE_GET_UUID,
+            fn(*mut u8, CuDevice),
+            uuid.as_mut_ptr(),
+            dev
+        );
+    }
+    let by_uuid = (rc == CUDA_SUCCESS)
+        .then(|| lim.limits().position_of_uuid(&format_gpu_uuid(&uuid)))
+        .flatten();
+    let pos = by_uuid.or_else(|| {
+        usize::try_from(dev)
+            .ok()
+            .filter(|&d| state::valid_pos(lim, d))
+    });
+    if let Some(c) = cached {
+        c.store(pos.map_or(NOT_LIMITED, |p| p as u8 + 1), Release);
+    }
+    pos.ok_or_else(|| unknown_device(dev))
+}
+
+fn unknown_device(dev: CuDevice) -> CuResult {
+    report_once(
+        &UNKNOWN_DEVICE_REPORTED,
+        &format!("CUDA device {dev} is not in the container's limits; its allocations are refused"),
+    );
+    CUDA_ERROR_INVALID_DEVICE
+}
+
+/// The limits-file position of the current context's device.
+fn current_pos(lim: &Limiter) -> Result<usize, CuResult> {
+    let mut dev: CuDevice = 0;
+    let rc = call_real!(R_CTX_GET_DEVICE, fn(*mut CuDevice), &mut dev);
+    if rc != CUDA_SUCCESS {
+        return Err(rc);
+    }
+    device_pos(lim, dev)
+}
+
+/// Counts `bytes` on a GPU, runs the real allocation, records the handle it produced.
+fn counted_alloc(
+    kind: Kind,
+    pos: impl FnOnce(&Limiter) -> Result<usize, CuResult>,
+    bytes: u64,
+    alloc: impl FnOnce() -> CuResult,
+    handle: impl FnOnce() -> u64,
+) -> CuResult {
+    let Some(lim) = limiter() else {
+        return CUDA_ERROR_NOT_PERMITTED;
+    };
+    let pos = match pos(lim) {
+        Ok(p) => p,
+        Err(rc) => return rc,
+    };
+    if !lim.reserve(pos, bytes) {
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    let rc = alloc();
+    if rc != CUDA_SUCCESS {
+        lim.release(pos, bytes);
+        return rc;
+    }
+    state::record(lim, kind, handle(), Counted { pos, bytes });
+    CUDA_SUCCESS
+}
+
+/// Runs the real free and gives back what the handle counted (nothing for one we never
+/// counted: the count stays right whatever the program frees).
+fn counted_free(kind: Kind, key: u64, free: impl FnOnce() -> CuResult) -> CuResult {
+    let taken = state::forget(kind, key);
+    let rc = free();
+    if let (Some(c), Some(lim)) = (taken, state::loaded_limiter()) {
+        if rc == CUDA_SUCCESS {
+            lim.release(c.pos, c.bytes);
+        } else {
+            state::record(lim, kind, key, c);
+        }
+    }
+    rc
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CuDevicePtr, bytesize: usize) -> CuResult {
+    if dptr.is_null() || bytesize == 0 {
+        return call_real!(R_MEM_ALLOC, fn(*mut CuDevicePtr, usize), dptr, bytesize);
+    }
+    counted_alloc(
+        Kind::DevicePtr,
+        current_pos,
+        bytesize as u64,
+        || call_real!(R_MEM_ALLOC, fn(*mut CuDevicePtr, usize), dptr, bytesize),
+        // SAFETY: dptr is non-null and the driver wrote it on success.
+        || unsafe { *dptr },
+    )
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAllocManaged(
+    dptr: *mut CuDevicePtr,
+    bytesize: usize,
+    flags: c_uint,
+) -> CuResult {
+    if dptr.is_null() || bytesize == 0 {
+        return call_real!(
+            R_MEM_ALLOC_MANAGED,
+            fn(*mut CuDevicePtr, usize, c_uint),
+            dptr,
+            bytesize,
+            flags
+        );
+    }
+    counted_alloc(
+        Kind::DevicePtr,
+        current_pos,
+        bytesize as u64,
+        || {
+            call_real!(
+                R_MEM_ALLOC_MANAGED,
+                fn(*mut CuDevicePtr, usize, c_uint),
+                dptr,
+                bytesize,
+                flags
+            )
+        },
+        // SAFETY: dptr is non-null and the driver wrote it on success.
+        || unsafe { *dptr },
+    )
+}
+
+fn alloc_async(
+    sym: &RealSym,
+    dptr: *mut CuDevicePtr,
+    bytesize: usize,
+    stream: CuStream,
+) -> CuResult {
+    if dptr.is_null() || bytesize == 0 {
+        return call_real!(
+            sym,
+            fn(*mut CuDevicePtr, usize, CuStream),
+            dptr,
+            bytesize,
+            stream
+        );
+    }
+    counted_alloc(
+        Kind::DevicePtr,
+        current_pos,
+        bytesize as u64,
+        || {
+            call_real!(
+                sym,
+                fn(*mut CuDevicePtr, usize, CuStream),
+                dptr,
+                bytesize,
+                stream
+            )
+        },
+        // SAFETY: dptr is non-null and the driver wrote it on success.
+        || unsafe { *dptr },
+    )
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAllocAsync(
+    dptr: *mut CuDevicePtr,
+    bytesize: usize,
+    stream: CuStream,
+) -> CuResult {
+    alloc_async(&R_MEM_ALLOC_ASYNC, dptr, bytesize, stream)
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAllocAsync_ptsz(
+    dptr: *mut CuDevicePtr,
+    bytesize: usize,
+    stream: CuStream,
+) -> CuResult {
+    alloc_async(&R_MEM_ALLOC_ASYNC_PTSZ, dptr, bytesize, stream)
+}
+
+fn alloc_from_pool(
+    sym: &RealSym,
+    dptr: *mut CuDevicePtr,
+    bytesize: usize,
+    pool: CuMemPool,
+    stream: CuStream,
+) -> CuResult {
+    if dptr.is_null() || bytesize == 0 {
+        return call_real!(
+            sym,
+            fn(*mut CuDevicePtr, usize, CuMemPool, CuStream),
+            dptr,
+            bytesize,
+            pool,
+            stream
+        );
+    }
+    counted_alloc(
+        Kind::DevicePtr,
+        current_pos,
+        bytesize as u64,
+        || {
+            call_real!(
+                sym,
+                fn(*mut CuDevicePtr, usize, CuMemPool, CuStream),
+                dptr,
+                bytesize,
+                pool,
+                stream
+            )
+        },
+        // SAFETY: dptr is non-null and the driver wrote it on success.
+        || unsafe { *dptr },
+    )
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAllocFromPoolAsync(
+    dptr: *mut CuDevicePtr,
+    bytesize: usize,
+    pool: CuMemPool,
+    stream: CuStream,
+) -> CuResult {
+    alloc_from_pool(&R_MEM_ALLOC_FROM_POOL_ASYNC, dptr, bytesize, pool, stream)
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAllocFromPoolAsync_ptsz(
+    dptr: *mut CuDevicePtr,
+    bytesize: usize,
+    pool: CuMemPool,
+    stream: CuStream,
+) -> CuResult {
+    alloc_from_pool(
+        &R_MEM_ALLOC_FROM_POOL_ASYNC_PTSZ,
+        dptr,
+        bytesize,
+        pool,
+        stream,
+    )
+}
+
+/// Pitched allocation: the driver picks the pitch, so the estimate (width × height) is counted
+/// first and corrected to pitch × height after the call.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAllocPitch_v2(
+    dptr: *mut CuDevicePtr,
+    pitch: *mut usize,
+    width_bytes: usize,
+    height: usize,
+    element_size: c_uint,
+) -> CuResult {
+    let forward = || {
+        call_real!(
+            R_MEM_ALLOC_PITCH,
+            fn(*mut CuDevicePtr, *mut usize, usize, usize, c_uint),
+            dptr,
+            pitch,
+            width_bytes,
+            height,
+            element_size
+        )
+    };
+    let Some(estimate) = width_bytes.checked_mul(height).filter(|&b| b > 0) else {
+        return forward();
+    };
+    if dptr.is_null() || pitch.is_null() {
+        return forward();
+    }
+    let Some(lim) = limiter() else {
+        return CUDA_ERROR_NOT_PERMITTED;
+    };
+    let pos = match current_pos(lim) {
+        Ok(p) => p,
+        Err(rc) => return rc,
+    };
+    let estimate = estimate as u64;
+    if !lim.reserve(pos, estimate) {
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    let rc = forward();
+    if rc != CUDA_SUCCESS {
+        lim.release(pos, estimate);
+        return rc;
+    }
+    // SAFETY: both out-pointers are non-null and written by the driver on success.
+    let (ptr, actual) = unsafe { (*dptr, (*pitch as u64).saturating_mul(height as u64)) };
+    if actual > estimate && !lim.reserve(pos, actual - estimate) {
+        lim.release(pos, estimate);
+        call_real!(R_MEM_FREE, fn(CuDevicePtr), ptr);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    if actual < estimate {
+        lim.release(pos, estimate - actual);
+    }
+    state::record(
+        lim,
+        Kind::DevicePtr,
+        ptr,
+        Counted {
+            pos,
+            bytes: actual.max(1),
+        },
+    );
+    CUDA_SUCCESS
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemFree_v2(dptr: CuDevicePtr) -> CuResult {
+    counted_free(Kind::DevicePtr, dptr, || {
+        call_real!(R_MEM_FREE, fn(CuDevicePtr), dptr)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemFreeAsync(dptr: CuDevicePtr, stream: CuStream) -> CuResult {
+    counted_free(Kind::DevicePtr, dptr, || {
+        call_real!(R_MEM_FREE_ASYNC, fn(CuDevicePtr, CuStream), dptr, stream)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemFreeAsync_ptsz(dptr: CuDevicePtr, stream: CuStream) -> CuResult {
+    counted_free(Kind::DevicePtr, dptr, || {
+        call_real!(
+            R_MEM_FREE_ASYNC_PTSZ,
+            fn(CuDevicePtr, CuStream),
+            dptr,
+            stream
+        )
+    })
+}
+
+/// The head of `CUmemAllocationProp` that we read: type, handle types, location.
+#[repr(C)]
+struct AllocationPropHead {
+    kind: c_uint,
+    handle_types: c_uint,
+    location_type: c_uint,
+    location_id: c_int,
+}
+
+/// VMM physical allocation: counted only when located on a device (host and host-NUMA
+/// locations are not GPU memory).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemCreate(
+    handle: *mut CuMemHandle,
+    size: usize,
+    prop: *const c_void,
+    flags: u64,
+) -> CuResult {
+    let forward = || {
+        call_real!(
+            R_MEM_CREATE,
+            fn(*mut CuMemHandle, usize, *const c_void, u64),
+            handle,
+            size,
+            prop,
+            flags
+        )
+    };
+    if handle.is_null() || prop.is_null() || size == 0 {
+        return forward();
+    }
+    // SAFETY: prop is non-null and points at a CUmemAllocationProp, whose first four fields
+    // are AllocationPropHead's (reads unaligned to tolerate any caller).
+    let head = unsafe { std::ptr::read_unaligned(prop as *const AllocationPropHead) };
+    if head.location_type != LOCATION_DEVICE {
+        return forward();
+    }
+    counted_alloc(
+        Kind::VmmHandle,
+        |lim| device_pos(lim, head.location_id),
+        size as u64,
+        forward,
+        // SAFETY: handle is non-null and written by the driver on success.
+        || unsafe { *handle },
+    )
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemRelease(handle: CuMemHandle) -> CuResult {
+    counted_free(Kind::VmmHandle, handle, || {
+        call_real!(R_MEM_RELEASE, fn(CuMemHandle), handle)
+    })
+}
+
+/// `CUDA_ARRAY_DESCRIPTOR`.
+#[repr(C)]
+pub struct ArrayDescriptor {
+    pub width: usize,
+    pub height: usize,
+    pub format: c_uint,
+    pub num_channels: c_uint,
+}
+
+/// `CUDA_ARRAY3D_DESCRIPTOR`.
+#[repr(C)]
+pub struct Array3dDescriptor {
+    pub width: usize,
+    pub height: usize,
+    pub depth: usize,
+    pub format: c_uint,
+    pub num_channels: c_uint,
+    pub flags: c_uint,
+}
+
+/// Bytes per channel of a `CUarray_format` (4 for formats we do not know: an estimate; the
+/// driver's own padding is not visible to us).
+fn format_bytes(format: c_uint) -> u64 {
+    match format {
+        0x01 | 0x08 => 1,        // UNSIGNED_INT8, SIGNED_INT8
+        0x02 | 0x09 | 0x10 => 2, // UNSIGNED_INT16, SIGNED_INT16, HALF
+        _ => 4,                  // UNSIGNED_INT32, SIGNED_INT32, FLOAT, others
+    }
+}
+
+fn array_bytes(width: usize, height: usize, depth: usize, format: c_uint, channels: c_uint) -> u64 {
+    [height, depth]
+        .iter()
+        .fold(width as u64, |acc, &d| acc.saturating_mul(d.max(1) as u64))
+        .saturating_mul(format_bytes(format))
+        .saturating_mul(u64::from(channels.max(1)))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuArrayCreate_v2(
+    array: *mut CuArray,
+    desc: *const ArrayDescriptor,
+) -> CuResult {
+    let forward = || {
+        call_real!(
+            R_ARRAY_CREATE,
+            fn(*mut CuArray, *const ArrayDescriptor),
+            array,
+            desc
+        )
+    };
+    if array.is_null() || desc.is_null() {
+        return forward();
+    }
+    // SAFETY: desc is non-null and points at the caller's CUDA_ARRAY_DESCRIPTOR.
+    let d = unsafe { &*desc };
+    let bytes = array_bytes(d.width, d.height, 1, d.format, d.num_channels);
+    counted_alloc(Kind::Array, current_pos, bytes, forward, || {
+        // SAFETY: array is non-null and written by the driver on success.
+        unsafe { *array as u64 }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuArray3DCreate_v2(
+    array: *mut CuArray,
+    desc: *const Array3dDescriptor,
+) -> CuResult {
+    let forward = || {
+        call_real!(
+            R_ARRAY_3D_CREATE,
+            fn(*mut CuArray, *const Array3dDescriptor),
+            array,
+            desc
+        )
+    };
+    if array.is_null() || desc.is_null() {
+        return forward();
+    }
+    // SAFETY: desc is non-null and points at the caller's CUDA_ARRAY3D_DESCRIPTOR.
+    let d = unsafe { &*desc };
+    let bytes = array_bytes(d.width, d.height, d.depth, d.format, d.num_channels);
+    counted_alloc(Kind::Array, current_pos, bytes, forward, || {
+        // SAFETY: array is non-null and written by the driver on success.
+        unsafe { *array as u64 }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuArrayDestroy(array: CuArray) -> CuResult {
+    counted_free(Kind::Array, array as u64, || {
+        call_real!(R_ARRAY_DESTROY, fn(CuArray), array)
+    })
+}
+
+/// The view: total = the quota (never more than the device has), free = quota − container
+/// usage (saturating; never more than the device has free).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CuResult {
+    if free.is_null() || total.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    let Some(lim) = limiter() else {
+        return CUDA_ERROR_NOT_PERMITTED;
+    };
+    let pos = match current_pos(lim) {
+        Ok(p) => p,
+        Err(rc) => return rc,
+    };
+    let (mut real_free, mut real_total) = (0usize, 0usize);
+    let rc = call_real!(
+        R_MEM_GET_INFO,
+        fn(*mut usize, *mut usize),
+        &mut real_free,
+        &mut real_total
+    );
+    if rc != CUDA_SUCCESS {
+        return rc;
+    }
+    let limit = lim.limit(pos).min(real_total as u64);
+    let left = limit.saturating_sub(lim.used(pos)).min(real_free as u64);
+    // SAFETY: both out-pointers were checked non-null.
+    unsafe {
+        *total = limit as usize;
+        *free = left as usize;
+    }
+    CUDA_SUCCESS
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CuDevice) -> CuResult {
+    if bytes.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    let Some(lim) = limiter() else {
+        return CUDA_ERROR_NOT_PERMITTED;
+    };
+    let mut real_total = 0usize;
+    let rc = call_real!(
+        R_DEVICE_TOTAL_MEM,
+        fn(*mut usize, CuDevice),
+        &mut real_total,
+        dev
+    );
+    if rc != CUDA_SUCCESS {
+        return rc;
+    }
+    let pos = match device_pos(lim, dev) {
+        Ok(p) => p,
+        Err(rc) => return rc,
+    };
+    // SAFETY: checked non-null.
+    unsafe { *bytes = lim.limit(pos).min(real_total as u64) as usize };
+    CUDA_SUCCESS
+}
+
+/// `CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM`.
+const PER_THREAD_DEFAULT_STREAM: u64 = 1 << 1;
+
+/// Replaces what the real `cuGetProcAddress` found with our wrapper of the same function.
+///
+/// The match is by address: whichever versioned variant the driver chose for the requested
+/// name, version and flags (`cuMemAlloc` at 3020+ → `cuMemAlloc_v2`, `_ptsz` variants,
+/// `cuGetProcAddress` at 12000+ → `_v2`), the wrapper handed back is the one for that exact
+/// variant, so the caller's ABI is kept. A driver that hands back an address we do not know
+/// keeps its own answer, except for the names below resolved by version.
+fn interpose_proc(symbol: *const c_char, pfn: *mut *mut c_void, version: c_int, flags: u64) {
+    if symbol.is_null() || pfn.is_null() {
+        return;
+    }
+    // SAFETY: pfn is non-null; the driver just wrote it.
+    let found = unsafe { *pfn };
+    if found.is_null() {
+        return;
+    }
+    // SAFETY: symbol is the caller's NUL-terminated name (the driver accepted it).
+    let requested = unsafe { std::ffi::CStr::from_ptr(symbol) }.to_bytes();
+    let hooks = crate::dl::cuda_hooks();
+    for crate::dl::Hook(real, wrapper) in hooks {
+        let name = real.name().to_bytes();
+        if name.starts_with(requested) && real.addr() == found {
+            // SAFETY: pfn is non-null.
+            unsafe { *pfn = *wrapper };
+            return;
+        }
+    }
+    // The driver answered with an address we do not know: choose the variant by version.
+    let v2_from = if requested == b"cuGetProcAddress" {
+        12000
+    } else {
+        3020
+    };
+    let order: [Option<&[u8]>; 3] = [
+        (flags & PER_THREAD_DEFAULT_STREAM != 0).then_some(b"_ptsz"),
+        (version >= v2_from).then_some(b"_v2"),
+        Some(b""),
+    ];
+    for suffix in order.into_iter().flatten() {
+        let hit = hooks.iter().find(|crate::dl::Hook(real, _)| {
+            real.name().to_bytes().strip_prefix(requested) == Some(suffix)
+        });
+        if let Some(crate::dl::Hook(_, wrapper)) = hit {
+            // SAFETY: pfn is non-null.
+            unsafe { *pfn = *wrapper };
+            return;
+        }
+    }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGetProcAddress(
+    symbol: *const c_char,
+    pfn: *mut *mut c_void,
+    version: c_int,
+    flags: u64,
+) -> CuResult {
+    let rc = call_real!(
+        R_GET_PROC_ADDRESS,
+        fn(*const c_char, *mut *mut c_void, c_int, u64),
+        symbol,
+        pfn,
+        version,
+        flags
+    );
+    if rc == CUDA_SUCCESS {
+        interpose_proc(symbol, pfn, version, flags);
+    }
+    rc
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGetProcAddress_v2(
+    symbol: *const c_char,
+    pfn: *mut *mut c_void,
+    version: c_int,
+    flags: u64,
+    status: *mut c_int,
+) -> CuResult {
+    let rc = call_real!(
+        R_GET_PROC_ADDRESS_V2,
+        fn(*const c_char, *mut *mut c_void, c_int, u64, *mut c_int),
+        symbol,
+        pfn,
+        version,
+        flags,
+        status
+    );
+    if rc == CUDA_SUCCESS {
+        interpose_proc(symbol, pfn, version, flags);
+    }
+    rc
+}

@@ -1,0 +1,494 @@
+//! The limiter's state: the container's limits (read once), the shared accounting region
+//! (mapped once), this process's slot in it, and this process's table of what it allocated.
+//!
+//! Nothing here blocks on another process: a slot is claimed by one compare-and-swap, counted
+//! with atomic adds, and a dead process's slot is freed by whoever notices (owner word back to
+//! 0). Loading never blocks on another thread either (racing loaders each build a state and
+//! the first to publish wins), so a `fork` at any instant cannot leave a child waiting on a
+//! parent's thread. The only lock is process-local (the allocation table) and `pthread_atfork`
+//! handlers keep it consistent across `fork`.
+
+use std::cell::UnsafeCell;
+use std::collections::BTreeMap;
+use std::ptr::null_mut;
+use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release, SeqCst};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize};
+
+use gpushare_core::limiter::{
+    LimitsFile, MAX_GPUS, OwnerWord, REGION_SIZE, REGION_SLOTS, REGION_SLOTS_OFFSET, RegionHeader,
+    RegionSlot, parse_stat_start_time,
+};
+
+/// The container's limits and the mapped region, valid for the life of the process.
+pub(crate) struct Limiter {
+    limits: LimitsFile,
+    /// Base of the `REGION_SIZE`-byte shared mapping (never unmapped once published).
+    region: *const u8,
+}
+
+// SAFETY: the region pointer refers to a MAP_SHARED mapping that lives as long as the process
+// and is only accessed through atomics.
+unsafe impl Sync for Limiter {}
+// SAFETY: as above.
+unsafe impl Send for Limiter {}
+
+type Loaded = Result<Limiter, String>;
+
+static LOADED: AtomicPtr<Loaded> = AtomicPtr::new(null_mut());
+static CONFIG_REPORTED: AtomicBool = AtomicBool::new(false);
+
+/// The limiter, loading it on first use; on failure, says why on stderr once.
+pub(crate) fn limiter() -> Option<&'static Limiter> {
+    let mut p = LOADED.load(Acquire);
+    if p.is_null() {
+        let fresh = Box::into_raw(Box::new(load()));
+        match LOADED.compare_exchange(null_mut(), fresh, AcqRel, Acquire) {
+            Ok(_) => p = fresh,
+            Err(winner) => {
+                // SAFETY: fresh came from Box::into_raw above and was never published.
+                let lost = unsafe { Box::from_raw(fresh) };
+                if let Ok(l) = *lost {
+                    l.unmap();
+                }
+                p = winner;
+            }
+        }
+    }
+    // SAFETY: p was published once and is never freed.
+    match unsafe { &*p } {
+        Ok(l) => Some(l),
+        Err(msg) => {
+            report_once(&CONFIG_REPORTED, msg);
+            None
+        }
+    }
+}
+
+/// The limiter if it loaded, without loading it or reporting (free paths).
+pub(crate) fn loaded_limiter() -> Option<&'static Limiter> {
+    let p = LOADED.load(Acquire);
+    if p.is_null() {
+        return None;
+    }
+    // SAFETY: p was published once and is never freed.
+    unsafe { &*p }.as_ref().ok()
+}
+
+/// Writes `gpushare limiter: MSG` to stderr the first time `flag` is raised.
+pub(crate) fn report_once(flag: &AtomicBool, msg: &str) {
+    if flag.swap(true, Relaxed) {
+        return;
+    }
+    let line = format!("gpushare limiter: {msg}\n");
+    // SAFETY: writes the bytes of a live String to fd 2; a short or failed write is ignored.
+    unsafe {
+        libc::write(2, line.as_ptr().cast(), line.len());
+    }
+}
+
+struct Paths {
+    limits: std::path::PathBuf,
+    region: std::path::PathBuf,
+}
+
+#[cfg(not(feature = "test-paths"))]
+fn paths() -> Paths {
+    use gpushare_core::limiter::{LIMITS_PATH, REGION_PATH};
+    Paths {
+        limits: LIMITS_PATH.into(),
+        region: REGION_PATH.into(),
+    }
+}
+
+/// Test builds only (never shipped): paths from `GPUSHARE_LIMITER_TEST_{LIMITS,REGION}`.
+#[cfg(feature = "test-paths")]
+fn paths() -> Paths {
+    use gpushare_core::limiter::{LIMITS_PATH, REGION_PATH};
+    let var = |name: &str, default: &str| {
+        std::env::var_os(name)
+            .map(Into::into)
+            .unwrap_or_else(|| default.into())
+    };
+    Paths {
+        limits: var("GPUSHARE_LIMITER_TEST_LIMITS", LIMITS_PATH),
+        region: var("GPUSHARE_LIMITER_TEST_REGION", REGION_PATH),
+    }
+}
+
+fn load() -> Loaded {
+    register_fork_handlers();
+    let paths = paths();
+    let text = read_small(&paths.limits)
+        .map_err(|e| format!("cannot read limits {}: {e}", paths.limits.display()))?;
+    let limits = LimitsFile::parse(&text).map_err(|e| {
+        format!(
+            "limits {} refused, GPU memory calls fail: {e}",
+            paths.limits.display()
+        )
+    })?;
+    let region = map_region(&paths.region)
+        .map_err(|e| format!("region {} unusable: {e}", paths.region.display()))?;
+    let limiter = Limiter { limits, region };
+    if let Err(e) = limiter.header().check(REGION_SIZE) {
+        limiter.unmap();
+        return Err(format!("region {} unusable: {e}", paths.region.display()));
+    }
+    Ok(limiter)
+}
+
+fn read_small(path: &std::path::Path) -> std::io::Result<String> {
+    use std::io::Read;
+    let mut text = String::new();
+    std::fs::File::open(path)?
+        .take(1 << 20)
+        .read_to_string(&mut text)?;
+    Ok(text)
+}
+
+fn map_region(path: &std::path::Path) -> Result<*const u8, String> {
+    use std::os::fd::AsRawFd;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .map_err(|e| e.to_string())?;
+    let len = file.metadata().map_err(|e| e.to_string())?.len();
+    if len < REGION_SIZE as u64 {
+        return Err(format!("{len} bytes, expected at least {REGION_SIZE}"));
+    }
+    // SAFETY: maps REGION_SIZE bytes of a file at least that long; the mapping outlives the fd.
+    let p = unsafe {
+        libc::mmap(
+            null_mut(),
+            REGION_SIZE,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            file.as_raw_fd(),
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(format!("mmap: {}", std::io::Error::last_os_error()));
+    }
+    Ok(p as *const u8)
+}
+
+/// This process's slot index (`NO_SLOT` until claimed) and owner word.
+const NO_SLOT: usize = usize::MAX;
+static MY_SLOT: AtomicUsize = AtomicUsize::new(NO_SLOT);
+static MY_OWNER: AtomicU64 = AtomicU64::new(OwnerWord::FREE);
+static SLOTS_REPORTED: AtomicBool = AtomicBool::new(false);
+
+impl Limiter {
+    fn unmap(&self) {
+        // SAFETY: region is a REGION_SIZE mapping from map_region that nothing else references
+        // (called only on a state that was never published).
+        unsafe {
+            libc::munmap(self.region as *mut libc::c_void, REGION_SIZE);
+        }
+    }
+
+    fn header(&self) -> &RegionHeader {
+        // SAFETY: the mapping is REGION_SIZE bytes, page-aligned, and starts with the header.
+        unsafe { &*(self.region as *const RegionHeader) }
+    }
+
+    fn slots(&self) -> &[RegionSlot] {
+        // SAFETY: the header was checked: REGION_SLOTS slots of the build's layout follow at
+        // REGION_SLOTS_OFFSET (64-aligned) within the mapping; all fields are atomics.
+        unsafe {
+            std::slice::from_raw_parts(
+                self.region.add(REGION_SLOTS_OFFSET) as *const RegionSlot,
+                REGION_SLOTS,
+            )
+        }
+    }
+
+    pub(crate) fn limits(&self) -> &LimitsFile {
+        &self.limits
+    }
+
+    /// The quota of the GPU at `pos` in the limits file.
+    pub(crate) fn limit(&self, pos: usize) -> u64 {
+        self.limits.gpus[pos].memory_limit_bytes
+    }
+
+    /// Bytes the container's live (or not yet reclaimed) processes hold on GPU `pos`.
+    fn sum_used(&self, pos: usize) -> u64 {
+        let mut sum = 0u64;
+        for slot in self.slots() {
+            let owner = OwnerWord(slot.owner.load(SeqCst));
+            if owner.0 == OwnerWord::FREE || owner.is_claiming() {
+                continue;
+            }
+            sum = sum.saturating_add(slot.used[pos].load(SeqCst));
+        }
+        sum
+    }
+
+    /// The container's usage of GPU `pos` after freeing dead processes' slots (views).
+    pub(crate) fn used(&self, pos: usize) -> u64 {
+        self.reclaim_dead();
+        self.sum_used(pos)
+    }
+
+    /// Counts `bytes` on GPU `pos` for this process if the container stays within its quota.
+    pub(crate) fn reserve(&self, pos: usize, bytes: u64) -> bool {
+        let limit = self.limit(pos);
+        if bytes > limit {
+            return false;
+        }
+        let Some(slot) = self.my_slot() else {
+            return false;
+        };
+        let counter = &slot.used[pos];
+        counter.fetch_add(bytes, SeqCst);
+        // Add first, then check: two racing processes may both be refused, never both admitted.
+        if self.sum_used(pos) <= limit {
+            return true;
+        }
+        if self.reclaim_dead() > 0 && self.sum_used(pos) <= limit {
+            return true;
+        }
+        sub_saturating(counter, bytes);
+        false
+    }
+
+    /// Gives back `bytes` this process counted on GPU `pos`.
+    pub(crate) fn release(&self, pos: usize, bytes: u64) {
+        let idx = MY_SLOT.load(Acquire);
+        if idx < REGION_SLOTS {
+            sub_saturating(&self.slots()[idx].used[pos], bytes);
+        }
+    }
+
+    fn my_slot(&self) -> Option<&RegionSlot> {
+        let idx = MY_SLOT.load(Acquire);
+        if idx < REGION_SLOTS {
+            return Some(&self.slots()[idx]);
+        }
+        // Claim under the table lock so two threads of one process claim one slot.
+        TABLE.with(|_| {
+            let idx = MY_SLOT.load(Acquire);
+            if idx < REGION_SLOTS {
+                return Some(&self.slots()[idx]);
+            }
+            let me = own_owner_word()?;
+            for attempt in 0..2 {
+                if attempt == 1 && self.reclaim_dead() == 0 {
+                    break;
+                }
+                for (i, slot) in self.slots().iter().enumerate() {
+                    if slot
+                        .owner
+                        .compare_exchange(OwnerWord::FREE, me.claiming().0, SeqCst, SeqCst)
+                        .is_ok()
+                    {
+                        for used in &slot.used {
+                            used.store(0, SeqCst);
+                        }
+                        slot.owner.store(me.0, SeqCst);
+                        MY_OWNER.store(me.0, Release);
+                        MY_SLOT.store(i, Release);
+                        register_exit_handler();
+                        return Some(slot);
+                    }
+                }
+            }
+            report_once(
+                &SLOTS_REPORTED,
+                &format!("all {REGION_SLOTS} accounting slots are held by live processes; GPU allocations refused"),
+            );
+            None
+        })
+    }
+
+    /// Frees the slots of processes that are gone; returns how many.
+    fn reclaim_dead(&self) -> usize {
+        let me = MY_OWNER.load(Acquire);
+        let mut freed = 0;
+        for slot in self.slots() {
+            let owner = slot.owner.load(SeqCst);
+            if owner == OwnerWord::FREE || OwnerWord(owner).settled().0 == me {
+                continue;
+            }
+            if is_dead(OwnerWord(owner))
+                && slot
+                    .owner
+                    .compare_exchange(owner, OwnerWord::FREE, SeqCst, SeqCst)
+                    .is_ok()
+            {
+                freed += 1;
+            }
+        }
+        freed
+    }
+
+    /// This process's exit: its counts go with it.
+    fn release_slot(&self) {
+        let idx = MY_SLOT.swap(NO_SLOT, AcqRel);
+        if idx >= REGION_SLOTS {
+            return;
+        }
+        let slot = &self.slots()[idx];
+        let me = MY_OWNER.load(Acquire);
+        for used in &slot.used {
+            used.store(0, SeqCst);
+        }
+        let _ = slot
+            .owner
+            .compare_exchange(me, OwnerWord::FREE, SeqCst, SeqCst);
+    }
+}
+
+fn sub_saturating(counter: &AtomicU64, bytes: u64) {
+    let _ = counter.fetch_update(SeqCst, SeqCst, |v| Some(v.saturating_sub(bytes)));
+}
+
+fn own_owner_word() -> Option<OwnerWord> {
+    // SAFETY: getpid has no preconditions.
+    let pid = unsafe { libc::getpid() } as u32;
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    Some(OwnerWord::new(pid, parse_stat_start_time(&stat)?))
+}
+
+/// Whether the process that owns a slot is gone: no such pid, a zombie, or the pid now
+/// belongs to a process that started at another time.
+fn is_dead(owner: OwnerWord) -> bool {
+    let pid = owner.pid();
+    if pid == 0 || pid > i32::MAX as u32 {
+        return true;
+    }
+    // SAFETY: signal 0 only checks for existence and permission.
+    if unsafe { libc::kill(pid as libc::pid_t, 0) } == -1
+        && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH)
+    {
+        return true;
+    }
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => {
+            let zombie = stat
+                .rfind(')')
+                .and_then(|i| stat[i + 1..].split_ascii_whitespace().next())
+                == Some("Z");
+            zombie || parse_stat_start_time(&stat).is_some_and(|t| !owner.same_start(t))
+        }
+        Err(e) => e.kind() == std::io::ErrorKind::NotFound,
+    }
+}
+
+/// What a process allocated, keyed by kind and driver handle.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Debug)]
+pub(crate) enum Kind {
+    DevicePtr,
+    VmmHandle,
+    Array,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Counted {
+    pub(crate) pos: usize,
+    pub(crate) bytes: u64,
+}
+
+/// The process's allocation table behind a spin lock that `fork` handlers hold across fork.
+pub(crate) struct Table {
+    locked: AtomicBool,
+    map: UnsafeCell<BTreeMap<(Kind, u64), Counted>>,
+}
+
+// SAFETY: map is only touched while `locked` is held.
+unsafe impl Sync for Table {}
+
+pub(crate) static TABLE: Table = Table {
+    locked: AtomicBool::new(false),
+    map: UnsafeCell::new(BTreeMap::new()),
+};
+
+impl Table {
+    fn lock(&self) {
+        while self
+            .locked
+            .compare_exchange_weak(false, true, Acquire, Relaxed)
+            .is_err()
+        {
+            std::thread::yield_now();
+        }
+    }
+
+    fn unlock(&self) {
+        self.locked.store(false, Release);
+    }
+
+    pub(crate) fn with<R>(&self, f: impl FnOnce(&mut BTreeMap<(Kind, u64), Counted>) -> R) -> R {
+        self.lock();
+        // SAFETY: the lock is held, so this is the only reference to the map.
+        let r = f(unsafe { &mut *self.map.get() });
+        self.unlock();
+        r
+    }
+}
+
+/// Records an allocation; a stale entry under the same handle (the driver reused an address
+/// whose free we did not see) is given back first.
+pub(crate) fn record(lim: &Limiter, kind: Kind, key: u64, counted: Counted) {
+    if let Some(old) = TABLE.with(|m| m.insert((kind, key), counted)) {
+        lim.release(old.pos, old.bytes);
+    }
+}
+
+/// Forgets an allocation, returning what it counted (None for a pointer we never counted).
+pub(crate) fn forget(kind: Kind, key: u64) -> Option<Counted> {
+    TABLE.with(|m| m.remove(&(kind, key)))
+}
+
+static FORK_HANDLERS: AtomicBool = AtomicBool::new(false);
+
+fn register_fork_handlers() {
+    if FORK_HANDLERS.swap(true, AcqRel) {
+        return;
+    }
+    extern "C" fn prepare() {
+        TABLE.lock();
+    }
+    extern "C" fn parent() {
+        TABLE.unlock();
+    }
+    extern "C" fn child() {
+        // The child has none of the parent's GPU memory and no slot of its own yet.
+        // SAFETY: the lock is held (prepare) and the child is single-threaded.
+        unsafe { (*TABLE.map.get()).clear() };
+        MY_SLOT.store(NO_SLOT, Release);
+        MY_OWNER.store(OwnerWord::FREE, Release);
+        TABLE.unlock();
+    }
+    // SAFETY: registers three functions that live as long as the process (never unloaded).
+    unsafe {
+        libc::pthread_atfork(Some(prepare), Some(parent), Some(child));
+    }
+}
+
+static EXIT_HANDLER: AtomicBool = AtomicBool::new(false);
+
+fn register_exit_handler() {
+    if EXIT_HANDLER.swap(true, AcqRel) {
+        return;
+    }
+    extern "C" fn at_exit() {
+        if let Some(l) = loaded_limiter() {
+            l.release_slot();
+        }
+    }
+    // SAFETY: registers a function that lives as long as the process.
+    unsafe {
+        libc::atexit(at_exit);
+    }
+}
+
+/// Reports that a device is not in the limits file (once).
+pub(crate) static UNKNOWN_DEVICE_REPORTED: AtomicBool = AtomicBool::new(false);
+
+/// Bounds a GPU position from the limits file (a region slot has `MAX_GPUS` counters).
+pub(crate) fn valid_pos(lim: &Limiter, pos: usize) -> bool {
+    pos < lim.limits().gpus.len() && pos < MAX_GPUS
+}

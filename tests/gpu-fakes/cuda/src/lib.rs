@@ -1,0 +1,462 @@
+//! A fake CUDA driver (`libcuda.so.1`) for testing the limiter without a GPU: one device of
+//! [`TOTAL`] bytes, allocations counted in process memory, just the entry points the limiter
+//! interposes plus what a program needs to get there (`cuInit`, `cuDeviceGet`,
+//! `cuCtxCreate_v2`, `cuCtxGetDevice`, `cuDeviceGetUuid`). Like the real driver it refuses
+//! calls before `cuInit` (`CUDA_ERROR_NOT_INITIALIZED`) or without a context
+//! (`CUDA_ERROR_INVALID_CONTEXT`), and `cuGetProcAddress` picks versioned variants itself
+//! (`_v2` from 3020, `_ptsz` with the per-thread flag, `cuGetProcAddress_v2` from 12000).
+//! `gpushareFakeCudaUsedBytes` tells a test what the "driver" holds.
+
+#![allow(non_snake_case, clippy::missing_safety_doc)]
+
+use std::collections::BTreeMap;
+use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
+use std::sync::Mutex;
+use std::sync::atomic::Ordering::SeqCst;
+use std::sync::atomic::{AtomicBool, AtomicU64};
+
+type CuResult = c_int;
+
+/// The simulated GPU: 15 GiB.
+pub const TOTAL: u64 = 15 << 30;
+/// Its UUID as NVML prints it: `GPU-11111111-2222-3333-4444-555555555555`.
+pub const UUID: [u8; 16] = [
+    0x11, 0x11, 0x11, 0x11, 0x22, 0x22, 0x33, 0x33, 0x44, 0x44, 0x55, 0x55, 0x55, 0x55, 0x55, 0x55,
+];
+
+const SUCCESS: CuResult = 0;
+const INVALID_VALUE: CuResult = 1;
+const OUT_OF_MEMORY: CuResult = 2;
+const NOT_INITIALIZED: CuResult = 3;
+const INVALID_DEVICE: CuResult = 101;
+const INVALID_CONTEXT: CuResult = 201;
+const NOT_FOUND: CuResult = 500;
+
+static INIT: AtomicBool = AtomicBool::new(false);
+static CONTEXT: AtomicBool = AtomicBool::new(false);
+static USED: AtomicU64 = AtomicU64::new(0);
+static NEXT: AtomicU64 = AtomicU64::new(0x7f00_0000_0000);
+static ALLOCS: Mutex<BTreeMap<u64, u64>> = Mutex::new(BTreeMap::new());
+
+fn ready() -> Result<(), CuResult> {
+    if !INIT.load(SeqCst) {
+        return Err(NOT_INITIALIZED);
+    }
+    if !CONTEXT.load(SeqCst) {
+        return Err(INVALID_CONTEXT);
+    }
+    Ok(())
+}
+
+fn alloc(size: u64) -> Result<u64, CuResult> {
+    ready()?;
+    if size == 0 {
+        return Err(INVALID_VALUE);
+    }
+    if USED
+        .fetch_update(SeqCst, SeqCst, |u| {
+            u.checked_add(size).filter(|&n| n <= TOTAL)
+        })
+        .is_err()
+    {
+        return Err(OUT_OF_MEMORY);
+    }
+    let handle = NEXT.fetch_add(size.div_ceil(1 << 21) << 21, SeqCst);
+    ALLOCS.lock().unwrap().insert(handle, size);
+    Ok(handle)
+}
+
+fn free(handle: u64) -> CuResult {
+    if let Err(rc) = ready() {
+        return rc;
+    }
+    match ALLOCS.lock().unwrap().remove(&handle) {
+        Some(size) => {
+            USED.fetch_sub(size, SeqCst);
+            SUCCESS
+        }
+        None => INVALID_VALUE,
+    }
+}
+
+fn out<T>(p: *mut T, r: Result<T, CuResult>) -> CuResult {
+    match r {
+        Ok(v) if !p.is_null() => {
+            // SAFETY: p is non-null and points at the caller's out-parameter.
+            unsafe { p.write(v) };
+            SUCCESS
+        }
+        Ok(_) => INVALID_VALUE,
+        Err(rc) => rc,
+    }
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn gpushareFakeCudaUsedBytes() -> u64 {
+    USED.load(SeqCst)
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuInit(_flags: c_uint) -> CuResult {
+    INIT.store(true, SeqCst);
+    SUCCESS
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDeviceGet(dev: *mut c_int, ordinal: c_int) -> CuResult {
+    if !INIT.load(SeqCst) {
+        return NOT_INITIALIZED;
+    }
+    out(
+        dev,
+        if ordinal == 0 {
+            Ok(0)
+        } else {
+            Err(INVALID_DEVICE)
+        },
+    )
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDeviceGetCount(count: *mut c_int) -> CuResult {
+    if !INIT.load(SeqCst) {
+        return NOT_INITIALIZED;
+    }
+    out(count, Ok(1))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxCreate_v2(
+    ctx: *mut *mut c_void,
+    _flags: c_uint,
+    dev: c_int,
+) -> CuResult {
+    if !INIT.load(SeqCst) {
+        return NOT_INITIALIZED;
+    }
+    if dev != 0 {
+        return INVALID_DEVICE;
+    }
+    CONTEXT.store(true, SeqCst);
+    out(ctx, Ok(std::ptr::without_provenance_mut(0xc0)))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxGetDevice(dev: *mut c_int) -> CuResult {
+    out(dev, ready().map(|_| 0))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDeviceGetUuid(uuid: *mut [u8; 16], dev: c_int) -> CuResult {
+    if !INIT.load(SeqCst) {
+        return NOT_INITIALIZED;
+    }
+    out(
+        uuid,
+        if dev == 0 {
+            Ok(UUID)
+        } else {
+            Err(INVALID_DEVICE)
+        },
+    )
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDeviceGetUuid_v2(uuid: *mut [u8; 16], dev: c_int) -> CuResult {
+    // SAFETY: same contract.
+    unsafe { cuDeviceGetUuid(uuid, dev) }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut u64, size: usize) -> CuResult {
+    out(dptr, alloc(size as u64))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAllocManaged(
+    dptr: *mut u64,
+    size: usize,
+    _flags: c_uint,
+) -> CuResult {
+    out(dptr, alloc(size as u64))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAllocAsync(
+    dptr: *mut u64,
+    size: usize,
+    _stream: *mut c_void,
+) -> CuResult {
+    out(dptr, alloc(size as u64))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAllocAsync_ptsz(
+    dptr: *mut u64,
+    size: usize,
+    _stream: *mut c_void,
+) -> CuResult {
+    out(dptr, alloc(size as u64))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAllocFromPoolAsync(
+    dptr: *mut u64,
+    size: usize,
+    _pool: *mut c_void,
+    _stream: *mut c_void,
+) -> CuResult {
+    out(dptr, alloc(size as u64))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAllocFromPoolAsync_ptsz(
+    dptr: *mut u64,
+    size: usize,
+    _pool: *mut c_void,
+    _stream: *mut c_void,
+) -> CuResult {
+    out(dptr, alloc(size as u64))
+}
+
+/// Rows are padded to 512 bytes, as drivers do.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAllocPitch_v2(
+    dptr: *mut u64,
+    pitch: *mut usize,
+    width: usize,
+    height: usize,
+    _element: c_uint,
+) -> CuResult {
+    if pitch.is_null() {
+        return INVALID_VALUE;
+    }
+    let p = width.div_ceil(512) * 512;
+    let rc = out(dptr, alloc((p * height) as u64));
+    if rc == SUCCESS {
+        // SAFETY: checked non-null.
+        unsafe { pitch.write(p) };
+    }
+    rc
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemFree_v2(dptr: u64) -> CuResult {
+    free(dptr)
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemFreeAsync(dptr: u64, _stream: *mut c_void) -> CuResult {
+    free(dptr)
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemFreeAsync_ptsz(dptr: u64, _stream: *mut c_void) -> CuResult {
+    free(dptr)
+}
+
+/// VMM: device-located handles take device memory; host-located ones take none here.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemCreate(
+    handle: *mut u64,
+    size: usize,
+    prop: *const [c_uint; 4],
+    _flags: u64,
+) -> CuResult {
+    if prop.is_null() {
+        return INVALID_VALUE;
+    }
+    // SAFETY: prop is non-null and points at a CUmemAllocationProp (its head is 4 u32).
+    let [_, _, location_type, location_id] = unsafe { prop.read_unaligned() };
+    if location_type == 1 && location_id != 0 {
+        return INVALID_DEVICE;
+    }
+    if location_type == 1 {
+        return out(handle, alloc(size as u64));
+    }
+    if let Err(rc) = ready() {
+        return rc;
+    }
+    let h = NEXT.fetch_add(1 << 21, SeqCst);
+    ALLOCS.lock().unwrap().insert(h, 0);
+    out(handle, Ok(h))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemRelease(handle: u64) -> CuResult {
+    free(handle)
+}
+
+fn array_size(width: usize, height: usize, depth: usize, format: c_uint, channels: c_uint) -> u64 {
+    let elem = match format {
+        0x01 | 0x08 => 1,
+        0x02 | 0x09 | 0x10 => 2,
+        _ => 4,
+    };
+    (width.max(1) * height.max(1) * depth.max(1)) as u64 * elem * u64::from(channels.max(1))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuArrayCreate_v2(array: *mut u64, desc: *const [usize; 3]) -> CuResult {
+    if desc.is_null() {
+        return INVALID_VALUE;
+    }
+    // SAFETY: desc points at a CUDA_ARRAY_DESCRIPTOR: width, height, then format and channels
+    // packed as two u32 in the third word.
+    let [w, h, fc] = unsafe { desc.read() };
+    let (format, channels) = (fc as u32, (fc >> 32) as u32);
+    out(array, alloc(array_size(w, h, 1, format, channels)))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuArray3DCreate_v2(array: *mut u64, desc: *const [usize; 5]) -> CuResult {
+    if desc.is_null() {
+        return INVALID_VALUE;
+    }
+    // SAFETY: desc points at a CUDA_ARRAY3D_DESCRIPTOR: width, height, depth, format and
+    // channels (two u32), flags.
+    let [w, h, d, fc, _] = unsafe { desc.read() };
+    out(
+        array,
+        alloc(array_size(w, h, d, fc as u32, (fc >> 32) as u32)),
+    )
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuArrayDestroy(array: u64) -> CuResult {
+    free(array)
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CuResult {
+    if let Err(rc) = ready() {
+        return rc;
+    }
+    if free.is_null() || total.is_null() {
+        return INVALID_VALUE;
+    }
+    // SAFETY: both checked non-null.
+    unsafe {
+        free.write((TOTAL - USED.load(SeqCst)) as usize);
+        total.write(TOTAL as usize);
+    }
+    SUCCESS
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: c_int) -> CuResult {
+    if !INIT.load(SeqCst) {
+        return NOT_INITIALIZED;
+    }
+    out(
+        bytes,
+        if dev == 0 {
+            Ok(TOTAL as usize)
+        } else {
+            Err(INVALID_DEVICE)
+        },
+    )
+}
+
+/// The exported entry point for an exact (already versioned) name, as the real driver's
+/// internal table would give it.
+fn entry(name: &[u8]) -> Option<*mut c_void> {
+    Some(match name {
+        b"cuInit" => cuInit as *mut c_void,
+        b"cuDeviceGet" => cuDeviceGet as *mut c_void,
+        b"cuDeviceGetCount" => cuDeviceGetCount as *mut c_void,
+        b"cuCtxCreate_v2" => cuCtxCreate_v2 as *mut c_void,
+        b"cuCtxGetDevice" => cuCtxGetDevice as *mut c_void,
+        b"cuDeviceGetUuid" => cuDeviceGetUuid as *mut c_void,
+        b"cuDeviceGetUuid_v2" => cuDeviceGetUuid_v2 as *mut c_void,
+        b"cuMemAlloc_v2" => cuMemAlloc_v2 as *mut c_void,
+        b"cuMemAllocManaged" => cuMemAllocManaged as *mut c_void,
+        b"cuMemAllocAsync" => cuMemAllocAsync as *mut c_void,
+        b"cuMemAllocAsync_ptsz" => cuMemAllocAsync_ptsz as *mut c_void,
+        b"cuMemAllocFromPoolAsync" => cuMemAllocFromPoolAsync as *mut c_void,
+        b"cuMemAllocFromPoolAsync_ptsz" => cuMemAllocFromPoolAsync_ptsz as *mut c_void,
+        b"cuMemAllocPitch_v2" => cuMemAllocPitch_v2 as *mut c_void,
+        b"cuMemFree_v2" => cuMemFree_v2 as *mut c_void,
+        b"cuMemFreeAsync" => cuMemFreeAsync as *mut c_void,
+        b"cuMemFreeAsync_ptsz" => cuMemFreeAsync_ptsz as *mut c_void,
+        b"cuMemCreate" => cuMemCreate as *mut c_void,
+        b"cuMemRelease" => cuMemRelease as *mut c_void,
+        b"cuArrayCreate_v2" => cuArrayCreate_v2 as *mut c_void,
+        b"cuArray3DCreate_v2" => cuArray3DCreate_v2 as *mut c_void,
+        b"cuArrayDestroy" => cuArrayDestroy as *mut c_void,
+        b"cuMemGetInfo_v2" => cuMemGetInfo_v2 as *mut c_void,
+        b"cuDeviceTotalMem_v2" => cuDeviceTotalMem_v2 as *mut c_void,
+        b"cuGetProcAddress" => cuGetProcAddress as *mut c_void,
+        b"cuGetProcAddress_v2" => cuGetProcAddress_v2 as *mut c_void,
+        _ => return None,
+    })
+}
+
+/// Names that have a `_v2` variant from CUDA 3.2 (3020).
+const V2_FROM_3020: &[&[u8]] = &[
+    b"cuCtxCreate",
+    b"cuMemAlloc",
+    b"cuMemAllocPitch",
+    b"cuMemFree",
+    b"cuArrayCreate",
+    b"cuArray3DCreate",
+    b"cuMemGetInfo",
+    b"cuDeviceTotalMem",
+];
+
+fn proc_address(symbol: *const c_char, version: c_int, flags: u64) -> Option<*mut c_void> {
+    if symbol.is_null() {
+        return None;
+    }
+    // SAFETY: symbol is the caller's NUL-terminated name.
+    let base = unsafe { CStr::from_ptr(symbol) }.to_bytes();
+    let mut name = base.to_vec();
+    if V2_FROM_3020.contains(&base) {
+        if version < 3020 {
+            return None; // the v1 (32-bit) entry points are not simulated
+        }
+        name.extend_from_slice(b"_v2");
+    } else if base == b"cuGetProcAddress" && version >= 12000 {
+        name.extend_from_slice(b"_v2");
+    } else if flags & 2 != 0 {
+        let mut ptsz = name.clone();
+        ptsz.extend_from_slice(b"_ptsz");
+        if let Some(p) = entry(&ptsz) {
+            return Some(p);
+        }
+    }
+    entry(&name)
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGetProcAddress(
+    symbol: *const c_char,
+    pfn: *mut *mut c_void,
+    version: c_int,
+    flags: u64,
+) -> CuResult {
+    if pfn.is_null() {
+        return INVALID_VALUE;
+    }
+    let found = proc_address(symbol, version, flags);
+    // SAFETY: checked non-null.
+    unsafe { pfn.write(found.unwrap_or(std::ptr::null_mut())) };
+    if found.is_some() { SUCCESS } else { NOT_FOUND }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGetProcAddress_v2(
+    symbol: *const c_char,
+    pfn: *mut *mut c_void,
+    version: c_int,
+    flags: u64,
+    status: *mut c_int,
+) -> CuResult {
+    // SAFETY: same contract.
+    let rc = unsafe { cuGetProcAddress(symbol, pfn, version, flags) };
+    if !status.is_null() {
+        // SAFETY: checked non-null. 0 = found, 1 = symbol not found.
+        unsafe { status.write(if rc == SUCCESS { 0 } else { 1 }) };
+    }
+    rc
+}

@@ -1,0 +1,476 @@
+//! The driver API as the probes call it, and the step language the tests drive them with.
+//!
+//! Each command-line argument after the mode is a step; each step prints one line
+//! (`<step> rc=<code> …`) so the tests can assert on exact values:
+//! `init`, `info`, `devtotal`, `alloc:MiB`, `managed:MiB`, `async:MiB`, `pool:MiB`,
+//! `pitch:WIDTH_BYTES:HEIGHT`, `vmm:MiB`, `vmm-host:MiB`, `array:W:H`, `array3d:W:H:D`
+//! (float, one channel), `free:N` (the N-th successful allocation, with its matching free),
+//! `free-bogus`, `info-null`, `devtotal-null`, `driver-used`, `nvml`, `nvml-v2`, `nvml-null`,
+//! `smi`, `ready`, `wait` (blocks until a line or EOF on stdin), `sleep:MS`.
+
+// Function pointers come from dlsym/cuGetProcAddress as void*; each transmute's target is
+// the field or binding it initialises.
+#![allow(clippy::missing_transmute_annotations)]
+
+use std::ffi::{CStr, c_int, c_uint, c_void};
+use std::io::{BufRead, Write};
+
+pub type CuResult = c_int;
+pub type Resolve<'a> = &'a dyn Fn(&CStr) -> *mut c_void;
+
+/// The CUDA driver entry points the probes use.
+#[derive(Clone, Copy)]
+pub struct Cuda {
+    pub init: unsafe extern "C" fn(c_uint) -> CuResult,
+    pub device_get: unsafe extern "C" fn(*mut c_int, c_int) -> CuResult,
+    pub ctx_create: unsafe extern "C" fn(*mut *mut c_void, c_uint, c_int) -> CuResult,
+    pub alloc: unsafe extern "C" fn(*mut u64, usize) -> CuResult,
+    pub alloc_managed: unsafe extern "C" fn(*mut u64, usize, c_uint) -> CuResult,
+    pub alloc_async: unsafe extern "C" fn(*mut u64, usize, *mut c_void) -> CuResult,
+    pub alloc_from_pool:
+        unsafe extern "C" fn(*mut u64, usize, *mut c_void, *mut c_void) -> CuResult,
+    pub alloc_pitch: unsafe extern "C" fn(*mut u64, *mut usize, usize, usize, c_uint) -> CuResult,
+    pub free: unsafe extern "C" fn(u64) -> CuResult,
+    pub free_async: unsafe extern "C" fn(u64, *mut c_void) -> CuResult,
+    pub mem_create: unsafe extern "C" fn(*mut u64, usize, *const AllocationProp, u64) -> CuResult,
+    pub mem_release: unsafe extern "C" fn(u64) -> CuResult,
+    pub array_create: unsafe extern "C" fn(*mut u64, *const ArrayDesc) -> CuResult,
+    pub array3d_create: unsafe extern "C" fn(*mut u64, *const Array3dDesc) -> CuResult,
+    pub array_destroy: unsafe extern "C" fn(u64) -> CuResult,
+    pub get_info: unsafe extern "C" fn(*mut usize, *mut usize) -> CuResult,
+    pub total_mem: unsafe extern "C" fn(*mut usize, c_int) -> CuResult,
+}
+
+/// `CUmemAllocationProp`.
+#[repr(C)]
+#[derive(Default)]
+pub struct AllocationProp {
+    pub kind: c_uint,
+    pub handle_types: c_uint,
+    pub location_type: c_uint,
+    pub location_id: c_int,
+    pub win32_metadata: usize,
+    pub flags: [u8; 8],
+}
+
+/// `CUDA_ARRAY_DESCRIPTOR`.
+#[repr(C)]
+pub struct ArrayDesc {
+    pub width: usize,
+    pub height: usize,
+    pub format: c_uint,
+    pub channels: c_uint,
+}
+
+/// `CUDA_ARRAY3D_DESCRIPTOR`.
+#[repr(C)]
+pub struct Array3dDesc {
+    pub width: usize,
+    pub height: usize,
+    pub depth: usize,
+    pub format: c_uint,
+    pub channels: c_uint,
+    pub flags: c_uint,
+}
+
+macro_rules! resolve_all {
+    ($resolve:expr, $($field:ident = $name:literal),* $(,)?) => {{
+        Cuda {
+            $($field: {
+                let p = $resolve($name);
+                if p.is_null() {
+                    fail(&format!("cannot resolve {:?}", $name));
+                }
+                // SAFETY: the symbol's C signature is the field's type.
+                unsafe { std::mem::transmute::<*mut c_void, _>(p) }
+            }),*
+        }
+    }};
+}
+
+impl Cuda {
+    /// Resolves every entry point by its base name through `resolve` (`dlsym` or
+    /// `cuGetProcAddress`), which picks the versioned variant.
+    pub fn resolve(resolve: Resolve, versioned: bool) -> Cuda {
+        if versioned {
+            resolve_all!(
+                resolve,
+                init = c"cuInit",
+                device_get = c"cuDeviceGet",
+                ctx_create = c"cuCtxCreate",
+                alloc = c"cuMemAlloc",
+                alloc_managed = c"cuMemAllocManaged",
+                alloc_async = c"cuMemAllocAsync",
+                alloc_from_pool = c"cuMemAllocFromPoolAsync",
+                alloc_pitch = c"cuMemAllocPitch",
+                free = c"cuMemFree",
+                free_async = c"cuMemFreeAsync",
+                mem_create = c"cuMemCreate",
+                mem_release = c"cuMemRelease",
+                array_create = c"cuArrayCreate",
+                array3d_create = c"cuArray3DCreate",
+                array_destroy = c"cuArrayDestroy",
+                get_info = c"cuMemGetInfo",
+                total_mem = c"cuDeviceTotalMem"
+            )
+        } else {
+            resolve_all!(
+                resolve,
+                init = c"cuInit",
+                device_get = c"cuDeviceGet",
+                ctx_create = c"cuCtxCreate_v2",
+                alloc = c"cuMemAlloc_v2",
+                alloc_managed = c"cuMemAllocManaged",
+                alloc_async = c"cuMemAllocAsync",
+                alloc_from_pool = c"cuMemAllocFromPoolAsync",
+                alloc_pitch = c"cuMemAllocPitch_v2",
+                free = c"cuMemFree_v2",
+                free_async = c"cuMemFreeAsync",
+                mem_create = c"cuMemCreate",
+                mem_release = c"cuMemRelease",
+                array_create = c"cuArrayCreate_v2",
+                array3d_create = c"cuArray3DCreate_v2",
+                array_destroy = c"cuArrayDestroy",
+                get_info = c"cuMemGetInfo_v2",
+                total_mem = c"cuDeviceTotalMem_v2"
+            )
+        }
+    }
+}
+
+pub fn fail(msg: &str) -> ! {
+    eprintln!("gpu-probe: {msg}");
+    std::process::exit(100)
+}
+
+/// `dlopen(name, RTLD_NOW | RTLD_LOCAL)` as the CUDA runtime and nvidia-smi do.
+pub fn dlopen(name: &CStr) -> *mut c_void {
+    // SAFETY: name is NUL-terminated.
+    let h = unsafe { libc::dlopen(name.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+    if h.is_null() {
+        fail(&format!("dlopen {name:?} failed"));
+    }
+    h
+}
+
+pub fn dlsym(handle: *mut c_void, name: &CStr) -> *mut c_void {
+    // SAFETY: handle from dlopen, name NUL-terminated.
+    unsafe { libc::dlsym(handle, name.as_ptr()) }
+}
+
+#[derive(Clone, Copy)]
+enum Held {
+    Ptr(u64),
+    Async(u64),
+    Vmm(u64),
+    Array(u64),
+}
+
+const MIB: usize = 1 << 20;
+
+fn num(s: Option<&str>) -> usize {
+    s.and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| fail(&format!("bad number {s:?}")))
+}
+
+/// Runs the steps, printing one line each.
+pub fn run(cuda: &Cuda, steps: &[String]) {
+    let mut held: Vec<Held> = Vec::new();
+    let mut out = std::io::stdout();
+    for step in steps {
+        let mut parts = step.split(':');
+        let op = parts.next().unwrap_or_default();
+        let line = match op {
+            "init" => {
+                let mut dev = 0;
+                let mut ctx = std::ptr::null_mut();
+                // SAFETY: valid out-pointers.
+                let rc = unsafe {
+                    let mut rc = (cuda.init)(0);
+                    if rc == 0 {
+                        rc = (cuda.device_get)(&mut dev, 0);
+                    }
+                    if rc == 0 {
+                        rc = (cuda.ctx_create)(&mut ctx, 0, dev);
+                    }
+                    rc
+                };
+                format!("init rc={rc}")
+            }
+            "info" => {
+                let (mut free, mut total) = (0, 0);
+                // SAFETY: valid out-pointers.
+                let rc = unsafe { (cuda.get_info)(&mut free, &mut total) };
+                if rc != 0 {
+                    format!("info rc={rc}")
+                } else {
+                    format!(
+                        "info rc=0 free_mib={} total_mib={}",
+                        free / MIB,
+                        total / MIB
+                    )
+                }
+            }
+            "info-null" => {
+                let mut total = 0;
+                // SAFETY: deliberately NULL `free`; the API must refuse it.
+                let rc = unsafe { (cuda.get_info)(std::ptr::null_mut(), &mut total) };
+                format!("info-null rc={rc}")
+            }
+            "devtotal" => {
+                let mut total = 0;
+                // SAFETY: valid out-pointer.
+                let rc = unsafe { (cuda.total_mem)(&mut total, 0) };
+                if rc != 0 {
+                    format!("devtotal rc={rc}")
+                } else {
+                    format!("devtotal rc=0 total_mib={}", total / MIB)
+                }
+            }
+            "devtotal-null" => {
+                // SAFETY: deliberately NULL; the API must refuse it.
+                let rc = unsafe { (cuda.total_mem)(std::ptr::null_mut(), 0) };
+                format!("devtotal-null rc={rc}")
+            }
+            "alloc" | "managed" | "async" | "pool" => {
+                let bytes = num(parts.next()) * MIB;
+                let mut p = 0u64;
+                // SAFETY: valid out-pointer; null streams and pool are the defaults.
+                let rc = unsafe {
+                    match op {
+                        "alloc" => (cuda.alloc)(&mut p, bytes),
+                        "managed" => (cuda.alloc_managed)(&mut p, bytes, 1),
+                        "async" => (cuda.alloc_async)(&mut p, bytes, std::ptr::null_mut()),
+                        _ => (cuda.alloc_from_pool)(
+                            &mut p,
+                            bytes,
+                            std::ptr::null_mut(),
+                            std::ptr::null_mut(),
+                        ),
+                    }
+                };
+                hold(
+                    &mut held,
+                    rc,
+                    if matches!(op, "async" | "pool") {
+                        Held::Async(p)
+                    } else {
+                        Held::Ptr(p)
+                    },
+                    op,
+                )
+            }
+            "pitch" => {
+                let (w, h) = (num(parts.next()), num(parts.next()));
+                let (mut p, mut pitch) = (0u64, 0usize);
+                // SAFETY: valid out-pointers.
+                let rc = unsafe { (cuda.alloc_pitch)(&mut p, &mut pitch, w, h, 4) };
+                format!("{} pitch={pitch}", hold(&mut held, rc, Held::Ptr(p), op))
+            }
+            "vmm" | "vmm-host" => {
+                let bytes = num(parts.next()) * MIB;
+                let prop = AllocationProp {
+                    kind: 1,
+                    location_type: if op == "vmm" { 1 } else { 2 },
+                    ..Default::default()
+                };
+                let mut h = 0u64;
+                // SAFETY: valid out-pointer and property struct.
+                let rc = unsafe { (cuda.mem_create)(&mut h, bytes, &prop, 0) };
+                hold(&mut held, rc, Held::Vmm(h), op)
+            }
+            "array" => {
+                let d = ArrayDesc {
+                    width: num(parts.next()),
+                    height: num(parts.next()),
+                    format: 0x20,
+                    channels: 1,
+                };
+                let mut a = 0u64;
+                // SAFETY: valid out-pointer and descriptor.
+                let rc = unsafe { (cuda.array_create)(&mut a, &d) };
+                hold(&mut held, rc, Held::Array(a), op)
+            }
+            "array3d" => {
+                let d = Array3dDesc {
+                    width: num(parts.next()),
+                    height: num(parts.next()),
+                    depth: num(parts.next()),
+                    format: 0x20,
+                    channels: 1,
+                    flags: 0,
+                };
+                let mut a = 0u64;
+                // SAFETY: valid out-pointer and descriptor.
+                let rc = unsafe { (cuda.array3d_create)(&mut a, &d) };
+                hold(&mut held, rc, Held::Array(a), op)
+            }
+            "free" => {
+                let i = num(parts.next());
+                let h = *held
+                    .get(i)
+                    .unwrap_or_else(|| fail(&format!("no allocation {i}")));
+                // SAFETY: handles the driver gave us.
+                let rc = unsafe {
+                    match h {
+                        Held::Ptr(p) => (cuda.free)(p),
+                        Held::Async(p) => (cuda.free_async)(p, std::ptr::null_mut()),
+                        Held::Vmm(v) => (cuda.mem_release)(v),
+                        Held::Array(a) => (cuda.array_destroy)(a),
+                    }
+                };
+                format!("free rc={rc}")
+            }
+            "free-bogus" => {
+                // SAFETY: a pointer nobody allocated: the driver must refuse it, the limiter
+                // must not count it.
+                let rc = unsafe { (cuda.free)(0xdead_0000) };
+                format!("free-bogus rc={rc}")
+            }
+            "driver-used" => {
+                let h = dlopen(c"libcuda.so.1");
+                let f = dlsym(h, c"gpushareFakeCudaUsedBytes");
+                if f.is_null() {
+                    fail("the driver is not the fake (no gpushareFakeCudaUsedBytes)");
+                }
+                // SAFETY: the fake's counter accessor: fn() -> u64.
+                let used =
+                    unsafe { std::mem::transmute::<*mut c_void, extern "C" fn() -> u64>(f)() };
+                format!("driver-used mib={}", used / MIB as u64)
+            }
+            "nvml" | "nvml-v2" | "nvml-null" | "smi" => nvml(op),
+            "ready" => "ready".to_string(),
+            "wait" => {
+                let mut line = String::new();
+                let _ = std::io::stdin().lock().read_line(&mut line);
+                "waited".to_string()
+            }
+            "sleep" => {
+                std::thread::sleep(std::time::Duration::from_millis(num(parts.next()) as u64));
+                "slept".to_string()
+            }
+            other => fail(&format!("unknown step {other:?}")),
+        };
+        let _ = writeln!(out, "{line}");
+        let _ = out.flush();
+    }
+}
+
+/// Runs NVML-only steps (no CUDA driver loaded), as nvidia-smi does.
+pub fn run_nvml_only(steps: &[String]) {
+    for step in steps {
+        let line = match step.as_str() {
+            "nvml" | "nvml-v2" | "nvml-null" | "smi" => nvml(step),
+            other => fail(&format!("step {other:?} needs a CUDA mode")),
+        };
+        println!("{line}");
+    }
+}
+
+fn hold(held: &mut Vec<Held>, rc: CuResult, h: Held, op: &str) -> String {
+    if rc == 0 {
+        held.push(h);
+        format!("{op} rc=0 id={}", held.len() - 1)
+    } else {
+        format!("{op} rc={rc}")
+    }
+}
+
+type NvmlFn<T> = unsafe extern "C" fn(*mut c_void, *mut T) -> c_int;
+
+#[repr(C)]
+#[derive(Default)]
+struct NvmlMemory {
+    total: u64,
+    free: u64,
+    used: u64,
+}
+
+#[repr(C)]
+#[derive(Default)]
+struct NvmlMemoryV2 {
+    version: c_uint,
+    total: u64,
+    reserved: u64,
+    free: u64,
+    used: u64,
+}
+
+/// NVML as nvidia-smi reaches it: `dlopen("libnvidia-ml.so.1")` and `dlsym`.
+fn nvml(op: &str) -> String {
+    let h = dlopen(c"libnvidia-ml.so.1");
+    let sym = |name: &CStr| {
+        let p = dlsym(h, name);
+        if p.is_null() {
+            fail(&format!("cannot resolve {name:?}"));
+        }
+        p
+    };
+    // SAFETY: each symbol's C signature is the type it is transmuted to.
+    unsafe {
+        let init: unsafe extern "C" fn() -> c_int = std::mem::transmute(sym(c"nvmlInit_v2"));
+        let by_index: unsafe extern "C" fn(c_uint, *mut *mut c_void) -> c_int =
+            std::mem::transmute(sym(c"nvmlDeviceGetHandleByIndex_v2"));
+        let shutdown: unsafe extern "C" fn() -> c_int = std::mem::transmute(sym(c"nvmlShutdown"));
+        let mut dev = std::ptr::null_mut();
+        let mut rc = init();
+        if rc == 0 {
+            rc = by_index(0, &mut dev);
+        }
+        if rc != 0 {
+            return format!("{op} rc={rc}");
+        }
+        let line = match op {
+            "nvml-null" => {
+                let f: NvmlFn<NvmlMemory> = std::mem::transmute(sym(c"nvmlDeviceGetMemoryInfo"));
+                let rc = f(dev, std::ptr::null_mut());
+                let f2: NvmlFn<NvmlMemoryV2> =
+                    std::mem::transmute(sym(c"nvmlDeviceGetMemoryInfo_v2"));
+                let rc2 = f2(dev, std::ptr::null_mut());
+                format!("nvml-null rc={rc} rc_v2={rc2}")
+            }
+            "nvml-v2" => {
+                let f: NvmlFn<NvmlMemoryV2> =
+                    std::mem::transmute(sym(c"nvmlDeviceGetMemoryInfo_v2"));
+                let mut m = NvmlMemoryV2 {
+                    version: (size_of::<NvmlMemoryV2>() as c_uint) | (2 << 24),
+                    ..Default::default()
+                };
+                let rc = f(dev, &mut m);
+                if rc != 0 {
+                    return format!("nvml-v2 rc={rc}");
+                }
+                format!(
+                    "nvml-v2 rc={rc} total_mib={} used_mib={} free_mib={}",
+                    m.total >> 20,
+                    m.used >> 20,
+                    m.free >> 20
+                )
+            }
+            _ => {
+                let f: NvmlFn<NvmlMemory> = std::mem::transmute(sym(c"nvmlDeviceGetMemoryInfo"));
+                let mut m = NvmlMemory::default();
+                let rc = f(dev, &mut m);
+                if rc != 0 {
+                    format!("{op} rc={rc}")
+                } else if op == "smi" {
+                    // What `nvidia-smi --query-gpu=memory.total,memory.used --format=csv` prints.
+                    format!(
+                        "memory.total [MiB], memory.used [MiB]\n{} MiB, {} MiB",
+                        m.total >> 20,
+                        m.used >> 20
+                    )
+                } else {
+                    format!(
+                        "{op} rc={rc} total_mib={} used_mib={} free_mib={}",
+                        m.total >> 20,
+                        m.used >> 20,
+                        m.free >> 20
+                    )
+                }
+            }
+        };
+        shutdown();
+        line
+    }
+}

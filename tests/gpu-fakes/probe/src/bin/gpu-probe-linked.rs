@@ -1,0 +1,72 @@
+//! `gpu-probe-linked STEP…`: an application linked against the driver (`-lcuda`, DT_NEEDED
+//! `libcuda.so.1`); its calls bind to the driver's symbols at load time, so only symbol
+//! interposition (the preloaded limiter) can see them. Steps as in `api.rs`.
+
+// Shared with gpu-probe, which also uses the resolvers and the NVML-only runner.
+#[allow(dead_code)]
+#[path = "../api.rs"]
+mod api;
+
+use std::ffi::{c_int, c_uint, c_void};
+
+use api::{AllocationProp, Array3dDesc, ArrayDesc, CuResult, Cuda};
+
+unsafe extern "C" {
+    fn cuInit(flags: c_uint) -> CuResult;
+    fn cuDeviceGet(dev: *mut c_int, ordinal: c_int) -> CuResult;
+    fn cuCtxCreate_v2(ctx: *mut *mut c_void, flags: c_uint, dev: c_int) -> CuResult;
+    fn cuMemAlloc_v2(dptr: *mut u64, bytes: usize) -> CuResult;
+    fn cuMemAllocManaged(dptr: *mut u64, bytes: usize, flags: c_uint) -> CuResult;
+    fn cuMemAllocAsync(dptr: *mut u64, bytes: usize, stream: *mut c_void) -> CuResult;
+    fn cuMemAllocFromPoolAsync(
+        dptr: *mut u64,
+        bytes: usize,
+        pool: *mut c_void,
+        stream: *mut c_void,
+    ) -> CuResult;
+    fn cuMemAllocPitch_v2(
+        dptr: *mut u64,
+        pitch: *mut usize,
+        w: usize,
+        h: usize,
+        elem: c_uint,
+    ) -> CuResult;
+    fn cuMemFree_v2(dptr: u64) -> CuResult;
+    fn cuMemFreeAsync(dptr: u64, stream: *mut c_void) -> CuResult;
+    fn cuMemCreate(
+        handle: *mut u64,
+        size: usize,
+        prop: *const AllocationProp,
+        flags: u64,
+    ) -> CuResult;
+    fn cuMemRelease(handle: u64) -> CuResult;
+    fn cuArrayCreate_v2(array: *mut u64, desc: *const ArrayDesc) -> CuResult;
+    fn cuArray3DCreate_v2(array: *mut u64, desc: *const Array3dDesc) -> CuResult;
+    fn cuArrayDestroy(array: u64) -> CuResult;
+    fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CuResult;
+    fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: c_int) -> CuResult;
+}
+
+fn main() {
+    let cuda = Cuda {
+        init: cuInit,
+        device_get: cuDeviceGet,
+        ctx_create: cuCtxCreate_v2,
+        alloc: cuMemAlloc_v2,
+        alloc_managed: cuMemAllocManaged,
+        alloc_async: cuMemAllocAsync,
+        alloc_from_pool: cuMemAllocFromPoolAsync,
+        alloc_pitch: cuMemAllocPitch_v2,
+        free: cuMemFree_v2,
+        free_async: cuMemFreeAsync,
+        mem_create: cuMemCreate,
+        mem_release: cuMemRelease,
+        array_create: cuArrayCreate_v2,
+        array3d_create: cuArray3DCreate_v2,
+        array_destroy: cuArrayDestroy,
+        get_info: cuMemGetInfo_v2,
+        total_mem: cuDeviceTotalMem_v2,
+    };
+    let steps: Vec<String> = std::env::args().skip(1).collect();
+    api::run(&cuda, &steps);
+}

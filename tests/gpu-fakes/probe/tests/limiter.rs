@@ -1,0 +1,594 @@
+//! The limiter, end to end without a GPU: the probes run with the limiter preloaded
+//! (`LD_PRELOAD`) and the fake driver and NVML found through `LD_LIBRARY_PATH`, against a limits
+//! file and region in a tempdir — the test build of the limiter (`gpushare-limiter-testpaths`)
+//! takes those two paths from the environment; the shipped one never does (its fixed-path
+//! behaviour is tested below as the missing-limits case).
+//!
+//! Every assertion on the view expects the quota (2048 MiB), never the fake GPU's 15360 MiB, so
+//! a limiter that is not loaded fails the tests (`the_probe_sees_the_whole_gpu_without_the_limiter`
+//! proves the fake says 15360 on its own).
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+
+use gpushare_core::limiter::{GpuLimit, LimitsFile, region_image};
+
+const UUID: &str = "GPU-11111111-2222-3333-4444-555555555555";
+const TWO_GIB: u64 = 2 << 30;
+
+/// `target/<profile>`, from this test binary's path (`target/<profile>/deps/limiter-…`).
+fn profile_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("current_exe");
+    exe.parent()
+        .and_then(Path::parent)
+        .expect("test binary lives in target/<profile>/deps")
+        .to_path_buf()
+}
+
+/// A built shared library: `target/<profile>/` if `cargo build` put it there, else `deps/`
+/// (where `cargo test` builds the dev-dependencies' cdylibs).
+fn built_lib(file: &str) -> PathBuf {
+    let dir = profile_dir();
+    [dir.join(file), dir.join("deps").join(file)]
+        .into_iter()
+        .find(|p| p.exists())
+        .unwrap_or_else(|| {
+            panic!(
+                "{file} is not built under {} (run cargo build --workspace)",
+                dir.display()
+            )
+        })
+}
+
+fn limiter() -> PathBuf {
+    built_lib("libgpushare_limiter_testpaths.so")
+}
+
+fn shipped_limiter() -> PathBuf {
+    built_lib("libgpushare_limiter.so")
+}
+
+/// A container in a tempdir: the fake driver libraries under their sonames, a limits file, a
+/// region.
+struct Container {
+    dir: tempfile::TempDir,
+}
+
+impl Container {
+    fn new(limit_bytes: u64) -> Container {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let lib = dir.path().join("lib");
+        std::fs::create_dir(&lib).unwrap();
+        std::os::unix::fs::symlink(built_lib("libfake_cuda.so"), lib.join("libcuda.so.1")).unwrap();
+        std::os::unix::fs::symlink(built_lib("libfake_nvml.so"), lib.join("libnvidia-ml.so.1"))
+            .unwrap();
+        let limits = LimitsFile::new(vec![GpuLimit {
+            index: 0,
+            uuid: UUID.into(),
+            memory_limit_bytes: limit_bytes,
+        }]);
+        std::fs::write(dir.path().join("limits.json"), limits.render()).unwrap();
+        std::fs::write(dir.path().join("region"), region_image()).unwrap();
+        Container { dir }
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    /// A probe command: `linked`, `dlopen`, `procaddr`, `procaddr-v1` or `nvml`.
+    fn command(&self, mode: &str, steps: &[&str]) -> Command {
+        let mut cmd = if mode == "linked" {
+            Command::new(env!("CARGO_BIN_EXE_gpu-probe-linked"))
+        } else {
+            let mut c = Command::new(env!("CARGO_BIN_EXE_gpu-probe"));
+            c.arg(mode);
+            c
+        };
+        cmd.args(steps)
+            .env("LD_PRELOAD", limiter())
+            .env("LD_LIBRARY_PATH", self.path("lib"))
+            .env("GPUSHARE_LIMITER_TEST_LIMITS", self.path("limits.json"))
+            .env("GPUSHARE_LIMITER_TEST_REGION", self.path("region"));
+        cmd
+    }
+
+    fn run(&self, mode: &str, steps: &[&str]) -> Vec<String> {
+        lines(&self.command(mode, steps).output().expect("run probe"))
+    }
+
+    /// Starts a probe that runs `steps` then `ready` then `wait`, and returns once it is ready.
+    fn hold(&self, mode: &str, steps: &[&str]) -> Held {
+        let mut all = steps.to_vec();
+        all.extend(["ready", "wait"]);
+        let mut child = self
+            .command(mode, &all)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("spawn probe");
+        let mut out = BufReader::new(child.stdout.take().unwrap());
+        let mut seen = Vec::new();
+        loop {
+            let mut line = String::new();
+            assert!(
+                out.read_line(&mut line).unwrap() > 0,
+                "probe ended before ready: {seen:?}"
+            );
+            if line.trim() == "ready" {
+                break;
+            }
+            seen.push(line.trim().to_string());
+        }
+        Held { child, seen }
+    }
+}
+
+struct Held {
+    child: Child,
+    seen: Vec<String>,
+}
+
+fn lines(out: &Output) -> Vec<String> {
+    assert!(
+        out.status.success(),
+        "probe failed: {}\nstdout: {}\nstderr: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+const CUDA_MODES: [&str; 4] = ["linked", "dlopen", "procaddr", "procaddr-v1"];
+
+#[test]
+fn the_probe_sees_the_whole_gpu_without_the_limiter() {
+    let c = Container::new(TWO_GIB);
+    let out = c
+        .command("dlopen", &["init", "info", "devtotal"])
+        .env_remove("LD_PRELOAD")
+        .output()
+        .unwrap();
+    assert_eq!(
+        lines(&out),
+        [
+            "init rc=0",
+            "info rc=0 free_mib=15360 total_mib=15360",
+            "devtotal rc=0 total_mib=15360"
+        ]
+    );
+}
+
+#[test]
+fn the_view_is_the_quota_on_every_path() {
+    let c = Container::new(TWO_GIB);
+    for mode in CUDA_MODES {
+        assert_eq!(
+            c.run(mode, &["init", "info", "devtotal"]),
+            [
+                "init rc=0",
+                "info rc=0 free_mib=2048 total_mib=2048",
+                "devtotal rc=0 total_mib=2048"
+            ],
+            "mode {mode}"
+        );
+    }
+    assert_eq!(
+        c.run("nvml", &["smi", "nvml", "nvml-v2"]),
+        [
+            "memory.total [MiB], memory.used [MiB]",
+            "2048 MiB, 0 MiB",
+            "nvml rc=0 total_mib=2048 used_mib=0 free_mib=2048",
+            "nvml-v2 rc=0 total_mib=2048 used_mib=0 free_mib=2048",
+        ]
+    );
+}
+
+#[test]
+fn over_quota_fails_with_out_of_memory_without_reaching_the_driver_and_free_gives_it_back() {
+    for mode in CUDA_MODES {
+        let c = Container::new(TWO_GIB);
+        assert_eq!(
+            c.run(
+                mode,
+                &[
+                    "init",
+                    "alloc:1536",
+                    "alloc:1024",
+                    "driver-used",
+                    "info",
+                    "free:0",
+                    "info",
+                    "alloc:1024",
+                    "info"
+                ]
+            ),
+            [
+                "init rc=0",
+                "alloc rc=0 id=0",
+                "alloc rc=2",
+                "driver-used mib=1536",
+                "info rc=0 free_mib=512 total_mib=2048",
+                "free rc=0",
+                "info rc=0 free_mib=2048 total_mib=2048",
+                "alloc rc=0 id=1",
+                "info rc=0 free_mib=1024 total_mib=2048",
+            ],
+            "mode {mode}"
+        );
+    }
+}
+
+#[test]
+fn every_allocation_path_is_counted_and_released() {
+    for mode in CUDA_MODES {
+        let c = Container::new(TWO_GIB);
+        let out = c.run(
+            mode,
+            &[
+                "init",
+                "managed:256",
+                "async:256",
+                "pool:256",
+                "vmm:256",
+                "vmm-host:4096",
+                "pitch:1000:262144",    // 1000 B rows padded to 1024: 256 MiB
+                "array:16384:4096",     // float: 256 MiB
+                "array3d:1024:1024:64", // float: 256 MiB
+                "info",
+                "alloc:512",
+                "free:0",
+                "free:1",
+                "free:2",
+                "free:3",
+                "free:4",
+                "free:5",
+                "free:6",
+                "free:7",
+                "info",
+            ],
+        );
+        assert_eq!(
+            out,
+            [
+                "init rc=0",
+                "managed rc=0 id=0",
+                "async rc=0 id=1",
+                "pool rc=0 id=2",
+                "vmm rc=0 id=3",
+                "vmm-host rc=0 id=4",
+                "pitch rc=0 id=5 pitch=1024",
+                "array rc=0 id=6",
+                "array3d rc=0 id=7",
+                "info rc=0 free_mib=256 total_mib=2048",
+                "alloc rc=2",
+                "free rc=0",
+                "free rc=0",
+                "free rc=0",
+                "free rc=0",
+                "free rc=0",
+                "free rc=0",
+                "free rc=0",
+                "free rc=0",
+                "info rc=0 free_mib=2048 total_mib=2048",
+            ],
+            "mode {mode}"
+        );
+    }
+}
+
+#[test]
+fn two_processes_share_one_quota() {
+    let c = Container::new(TWO_GIB);
+    let mut first = c.hold("dlopen", &["init", "alloc:1536"]);
+    assert_eq!(first.seen, ["init rc=0", "alloc rc=0 id=0"]);
+    assert_eq!(
+        c.run("linked", &["init", "info", "alloc:1024", "alloc:512"]),
+        [
+            "init rc=0",
+            "info rc=0 free_mib=512 total_mib=2048",
+            "alloc rc=2",
+            "alloc rc=0 id=0"
+        ]
+    );
+    assert_eq!(
+        c.run("nvml", &["smi"]),
+        [
+            "memory.total [MiB], memory.used [MiB]",
+            "2048 MiB, 1536 MiB"
+        ]
+    );
+    // The first one exits normally: its share comes back.
+    drop(first.child.stdin.take());
+    assert!(first.child.wait().unwrap().success());
+    assert_eq!(
+        c.run("procaddr", &["init", "info", "alloc:1536"]),
+        [
+            "init rc=0",
+            "info rc=0 free_mib=2048 total_mib=2048",
+            "alloc rc=0 id=0"
+        ]
+    );
+}
+
+#[test]
+fn a_sigkilled_process_gives_its_memory_back() {
+    let c = Container::new(TWO_GIB);
+    let mut victim = c.hold("linked", &["init", "alloc:1536"]);
+    assert_eq!(
+        c.run("dlopen", &["init", "info"])[1],
+        "info rc=0 free_mib=512 total_mib=2048"
+    );
+    victim.child.kill().unwrap(); // SIGKILL: no exit handler runs
+    victim.child.wait().unwrap();
+    assert_eq!(
+        c.run("dlopen", &["init", "info", "alloc:1536"]),
+        [
+            "init rc=0",
+            "info rc=0 free_mib=2048 total_mib=2048",
+            "alloc rc=0 id=0"
+        ]
+    );
+    // Killed while another process needs the memory: reclaimed on the over-quota path too.
+    let mut victim = c.hold("dlopen", &["init", "alloc:1536"]);
+    victim.child.kill().unwrap();
+    victim.child.wait().unwrap();
+    assert_eq!(
+        c.run("linked", &["init", "alloc:1536"]),
+        ["init rc=0", "alloc rc=0 id=0"]
+    );
+}
+
+#[test]
+fn null_pointers_untracked_frees_and_calls_before_init_are_errors_not_crashes() {
+    let c = Container::new(TWO_GIB);
+    for mode in CUDA_MODES {
+        assert_eq!(
+            c.run(
+                mode,
+                &[
+                    "alloc:1",
+                    "info",
+                    "init",
+                    "info-null",
+                    "devtotal-null",
+                    "free-bogus",
+                    "alloc:1024",
+                    "free-bogus",
+                    "info"
+                ]
+            ),
+            [
+                "alloc rc=3", // CUDA_ERROR_NOT_INITIALIZED, from the driver
+                "info rc=3",
+                "init rc=0",
+                "info-null rc=1", // CUDA_ERROR_INVALID_VALUE
+                "devtotal-null rc=1",
+                "free-bogus rc=1", // the driver refuses it; our count is untouched
+                "alloc rc=0 id=0",
+                "free-bogus rc=1",
+                "info rc=0 free_mib=1024 total_mib=2048",
+            ],
+            "mode {mode}"
+        );
+    }
+    assert_eq!(c.run("nvml", &["nvml-null"]), ["nvml-null rc=2 rc_v2=2"]); // INVALID_ARGUMENT
+}
+
+fn stderr_lines(out: &Output) -> Vec<String> {
+    String::from_utf8_lossy(&out.stderr)
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn missing_limits_file_fails_every_counted_call_with_one_stderr_line() {
+    let c = Container::new(TWO_GIB);
+    std::fs::remove_file(c.path("limits.json")).unwrap();
+    let out = c
+        .command(
+            "dlopen",
+            &["init", "info", "alloc:10", "devtotal", "info", "nvml"],
+        )
+        .output()
+        .unwrap();
+    assert_eq!(
+        lines(&out),
+        [
+            "init rc=0",
+            "info rc=800", // CUDA_ERROR_NOT_PERMITTED
+            "alloc rc=800",
+            "devtotal rc=800",
+            "info rc=800",
+            "nvml rc=4", // NVML_ERROR_NO_PERMISSION
+        ]
+    );
+    let err = stderr_lines(&out);
+    assert_eq!(err.len(), 1, "{err:?}");
+    assert!(
+        err[0].starts_with("gpushare limiter: cannot read limits "),
+        "{err:?}"
+    );
+    assert!(err[0].contains("limits.json"), "{err:?}");
+}
+
+#[test]
+fn the_shipped_library_reads_only_its_fixed_paths() {
+    if Path::new(gpushare_core::limiter::LIMITS_PATH).exists() {
+        eprintln!(
+            "SKIP: {} exists on this machine",
+            gpushare_core::limiter::LIMITS_PATH
+        );
+        return;
+    }
+    // The test-path variables point at a valid 2 GiB setup; the shipped build must ignore them.
+    let c = Container::new(TWO_GIB);
+    let out = c
+        .command("linked", &["init", "info", "alloc:10"])
+        .env("LD_PRELOAD", shipped_limiter())
+        .output()
+        .unwrap();
+    assert_eq!(lines(&out), ["init rc=0", "info rc=800", "alloc rc=800"]);
+    let err = stderr_lines(&out);
+    assert_eq!(
+        err,
+        [format!(
+            "gpushare limiter: cannot read limits {}: No such file or directory (os error 2)",
+            gpushare_core::limiter::LIMITS_PATH
+        )]
+    );
+}
+
+#[test]
+fn corrupt_region_or_limits_fail_with_one_stderr_line() {
+    let c = Container::new(TWO_GIB);
+    let mut region = region_image();
+    region[0] ^= 0xff;
+    std::fs::write(c.path("region"), &region).unwrap();
+    let out = c
+        .command("procaddr", &["init", "alloc:10", "info"])
+        .output()
+        .unwrap();
+    assert_eq!(lines(&out), ["init rc=0", "alloc rc=800", "info rc=800"]);
+    let err = stderr_lines(&out);
+    assert_eq!(err.len(), 1, "{err:?}");
+    assert!(
+        err[0].contains("region") && err[0].contains("magic"),
+        "{err:?}"
+    );
+
+    let c = Container::new(TWO_GIB);
+    std::fs::write(c.path("region"), b"short").unwrap();
+    let out = c.command("linked", &["init", "alloc:10"]).output().unwrap();
+    assert_eq!(lines(&out), ["init rc=0", "alloc rc=800"]);
+    assert!(stderr_lines(&out)[0].contains("expected at least"));
+
+    let c = Container::new(TWO_GIB);
+    std::fs::write(
+        c.path("limits.json"),
+        r#"{"version": 1, "gpus": [{"index": 0, "uuid": "GPU-x", "memory_limit_bytes": 0}]}"#,
+    )
+    .unwrap();
+    let out = c.command("dlopen", &["init", "alloc:10"]).output().unwrap();
+    assert_eq!(lines(&out), ["init rc=0", "alloc rc=800"]);
+    let err = stderr_lines(&out);
+    assert_eq!(err.len(), 1);
+    assert!(err[0].contains("gpus[0].memory_limit_bytes 0"), "{err:?}");
+}
+
+#[test]
+fn the_limiter_is_inert_in_a_process_that_never_touches_cuda() {
+    for lib in [shipped_limiter(), limiter()] {
+        let out = Command::new("sh")
+            .args(["-c", "echo hello; ls / >/dev/null"])
+            .env("LD_PRELOAD", &lib)
+            .output()
+            .unwrap();
+        assert!(out.status.success());
+        assert_eq!(out.stdout, b"hello\n");
+        assert_eq!(String::from_utf8_lossy(&out.stderr), "");
+    }
+}
+
+#[test]
+fn many_threads_and_processes_never_exceed_the_quota() {
+    let c = Container::new(TWO_GIB);
+    // Four processes each try 16 × 64 MiB (4 GiB in all) against 2 GiB.
+    let steps: Vec<String> = std::iter::once("init".to_string())
+        .chain((0..16).map(|_| "alloc:64".to_string()))
+        .chain(["ready".into(), "wait".into()])
+        .collect();
+    let steps: Vec<&str> = steps.iter().map(String::as_str).collect();
+    let mut children: Vec<Child> = (0..4)
+        .map(|_| {
+            c.command("dlopen", &steps)
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let mut granted = 0;
+    for child in &mut children {
+        let out = BufReader::new(child.stdout.as_mut().unwrap());
+        for line in out.lines() {
+            let line = line.unwrap();
+            if line == "ready" {
+                break;
+            }
+            if line.starts_with("alloc rc=0") {
+                granted += 1;
+            }
+        }
+    }
+    assert!(
+        granted <= 32,
+        "granted {granted} × 64 MiB over a 2 GiB quota"
+    );
+    // Racing reservations may both be refused (never both admitted); the count stays exact.
+    assert!(granted >= 16, "only {granted} × 64 MiB granted");
+    assert_eq!(
+        c.run("nvml", &["smi"])[1],
+        format!("2048 MiB, {} MiB", granted * 64)
+    );
+    for mut child in children {
+        let _ = child.stdin.take().unwrap().write_all(b"\n");
+        assert!(child.wait().unwrap().success());
+    }
+    assert_eq!(c.run("nvml", &["smi"])[1], "2048 MiB, 0 MiB");
+}
+
+/// The glibc symbol versions the shipped library needs. The goal is GLIBC_2.31 (Ubuntu 20.04
+/// CUDA images); today's build host links a few newer default versions (listed here so that
+/// any further one fails this test). Needs `objdump` (binutils).
+#[test]
+fn glibc_symbol_versions_stay_at_the_known_baseline() {
+    let Ok(out) = Command::new("objdump")
+        .arg("-T")
+        .arg(shipped_limiter())
+        .output()
+    else {
+        panic!("objdump (binutils) is needed to check the limiter's glibc symbol versions");
+    };
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut newer: Vec<String> = text
+        .lines()
+        .filter_map(|l| {
+            let v = l
+                .split_whitespace()
+                .find(|w| w.starts_with("(GLIBC_2.") || w.starts_with("GLIBC_2."))?;
+            let v = v.trim_matches(|c| c == '(' || c == ')');
+            let minor: u32 = v
+                .strip_prefix("GLIBC_2.")?
+                .split('.')
+                .next()?
+                .parse()
+                .ok()?;
+            (minor > 31).then(|| format!("{} {v}", l.split_whitespace().last().unwrap_or("?")))
+        })
+        .collect();
+    newer.sort();
+    let allowed = [
+        "dlopen GLIBC_2.34",
+        "dlvsym GLIBC_2.34",
+        "fstat64 GLIBC_2.33",
+        "pthread_key_create GLIBC_2.34",
+        "pthread_key_delete GLIBC_2.34",
+        "pthread_setspecific GLIBC_2.34",
+        "stat64 GLIBC_2.33",
+    ];
+    let unexpected: Vec<&String> = newer
+        .iter()
+        .filter(|s| !allowed.contains(&s.as_str()))
+        .collect();
+    assert!(
+        unexpected.is_empty(),
+        "new glibc symbol versions above 2.31: {unexpected:?}"
+    );
+}
