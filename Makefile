@@ -11,7 +11,7 @@ comma := ,
 all: build
 
 build:
-	$(CARGO) build --release --locked
+	$(CARGO) build --release --locked -p gpushare -p gpushare-limiter -p gpushare-fake-cuda -p gpushare-fake-nvml -p gpushare-gpu-probe
 
 deps:
 	@bash tests/e2e/deps.sh

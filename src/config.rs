@@ -92,10 +92,37 @@ pub struct NodeConfig {
     pub log: LogConfig,
     pub resources: ResourceNames,
     pub sim: SimConfig,
+    pub limiter: LimiterConfig,
     pub throttle: ThrottleConfig,
     /// The kubelet device plugin (off by default).
     pub device_plugin: DevicePluginConfig,
     pub kubernetes: KubernetesConfig,
+}
+
+/// `[limiter]`: the in-container limiter (the GPU's memory seen as the quota, allocations over
+/// it refused), injected into every GPU container.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LimiterConfig {
+    /// Inject it. `false` opts the node out: containers then see the whole GPU's memory and
+    /// only the controller's memory action holds them.
+    pub enabled: bool,
+    /// The shipped `libgpushare_limiter.so` on this host.
+    pub library: PathBuf,
+    /// `gpu_backend = "sim"` only: a directory with stand-in `libcuda.so.1` and
+    /// `libnvidia-ml.so.1`, mounted into GPU containers the way the NVIDIA container toolkit
+    /// mounts the real driver libraries (unset: none).
+    pub driver_dir: Option<PathBuf>,
+}
+
+impl Default for LimiterConfig {
+    fn default() -> Self {
+        LimiterConfig {
+            enabled: true,
+            library: PathBuf::from(gpushare_core::limiter::LIBRARY_PATH),
+            driver_dir: None,
+        }
+    }
 }
 
 /// `[kubernetes]`: how the node agent reaches the API server (node annotation, node labels).
@@ -125,6 +152,7 @@ impl Default for NodeConfig {
             log: LogConfig::default(),
             resources: ResourceNames::default(),
             sim: SimConfig::default(),
+            limiter: LimiterConfig::default(),
             throttle: ThrottleConfig::default(),
             device_plugin: DevicePluginConfig::default(),
             kubernetes: KubernetesConfig::default(),

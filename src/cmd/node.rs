@@ -54,6 +54,16 @@ pub struct NodeArgs {
     /// Turn the throttling controller off.
     #[arg(long)]
     pub no_throttle: bool,
+    /// The in-container limiter library on this host (`[limiter] library`).
+    #[arg(long)]
+    pub limiter_library: Option<PathBuf>,
+    /// Do not inject the in-container limiter (`[limiter] enabled = false`).
+    #[arg(long)]
+    pub no_limiter: bool,
+    /// Simulated GPUs: a directory with stand-in libcuda.so.1 / libnvidia-ml.so.1 to mount into
+    /// GPU containers (`[limiter] driver_dir`).
+    #[arg(long)]
+    pub sim_driver_dir: Option<PathBuf>,
     /// Agent state directory (sim declarations, guardian list).
     #[arg(long)]
     pub state_dir: Option<PathBuf>,
@@ -125,6 +135,11 @@ impl NodeConfig {
         if args.kubeconfig.is_some() {
             self.kubernetes.kubeconfig = args.kubeconfig.clone();
         }
+        set(&mut self.limiter.library, &args.limiter_library);
+        if args.sim_driver_dir.is_some() {
+            self.limiter.driver_dir = args.sim_driver_dir.clone();
+        }
+        self.limiter.enabled &= !args.no_limiter;
         self.throttle.enabled &= !args.no_throttle;
         self.device_plugin.enabled |= args.device_plugin;
     }

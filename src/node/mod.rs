@@ -39,12 +39,107 @@ pub struct AgentState {
     /// cores stand in for GPUs.
     #[serde(skip)]
     pub sim: Option<SimNode>,
+    /// The in-container limiter's host files (`[limiter] enabled`).
+    #[serde(skip)]
+    pub limiter: Option<LimiterHost>,
     /// Quotas are configured (`[throttle] enabled`): GPU containers need the controller.
     #[serde(skip)]
     pub enforce_quotas: bool,
     /// Enforcement backend `mps`: the host directory holding one MPS pipe directory per GPU.
     #[serde(skip)]
     pub mps_pipe_root: Option<String>,
+}
+
+/// Where the in-container limiter's files live on the host.
+#[derive(Debug, Clone)]
+pub struct LimiterHost {
+    /// The shipped library.
+    pub library: PathBuf,
+    /// One directory per GPU container: `limits.json`, `region`.
+    pub dir: PathBuf,
+    /// The `/etc/ld.so.preload` every GPU container gets.
+    pub preload: PathBuf,
+    /// Stand-in driver libraries (simulated GPUs only).
+    pub driver_dir: Option<PathBuf>,
+}
+
+/// The stand-in driver libraries a simulated node mounts, by the names the toolkit uses.
+const SIM_DRIVER_LIBRARIES: [&str; 2] = ["libcuda.so.1", "libnvidia-ml.so.1"];
+
+impl LimiterHost {
+    /// Checks the library is installed and writes the preload file.
+    fn prepare(cfg: &NodeConfig) -> Result<LimiterHost, NodeError> {
+        let library = cfg.limiter.library.clone();
+        if !library.is_file() {
+            return Err(NodeError::LimiterLibrary { path: library });
+        }
+        let dir = cfg.throttle.state_dir.join("limiter");
+        let preload = dir.join("ld.so.preload");
+        std::fs::create_dir_all(&dir)
+            .and_then(|_| {
+                std::fs::write(
+                    &preload,
+                    format!("{}\n", gpushare_core::limiter::LIBRARY_PATH),
+                )
+            })
+            .map_err(|source| NodeError::LimiterFiles {
+                path: preload.clone(),
+                source,
+            })?;
+        let driver_dir = match (&cfg.limiter.driver_dir, cfg.gpu_backend) {
+            (Some(d), GpuBackend::Sim) => Some(d.clone()),
+            _ => None,
+        };
+        Ok(LimiterHost {
+            library,
+            dir,
+            preload,
+            driver_dir,
+        })
+    }
+
+    fn container_dir(&self, id: &str) -> PathBuf {
+        self.dir.join(id)
+    }
+
+    /// Writes the container's limits (read-only) and a fresh region (shared by its
+    /// processes), and says where they are. Nothing is left behind on failure.
+    fn write(&self, id: &str, req: &ContainerRequest) -> Result<adjust::LimiterFiles, DecideError> {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = self.container_dir(id);
+        let limits = dir.join("limits.json");
+        let region = dir.join("region");
+        let written = (|| -> Result<(), (PathBuf, std::io::Error)> {
+            std::fs::create_dir_all(&dir).map_err(|e| (dir.clone(), e))?;
+            std::fs::write(&limits, adjust::limits_file(req).render())
+                .and_then(|_| {
+                    std::fs::set_permissions(&limits, std::fs::Permissions::from_mode(0o444))
+                })
+                .map_err(|e| (limits.clone(), e))?;
+            std::fs::write(&region, gpushare_core::limiter::region_image())
+                .and_then(|_| {
+                    // Any user in the container may run CUDA processes; they all count here.
+                    std::fs::set_permissions(&region, std::fs::Permissions::from_mode(0o666))
+                })
+                .map_err(|e| (region.clone(), e))?;
+            Ok(())
+        })();
+        if let Err((path, source)) = written {
+            let _ = std::fs::remove_dir_all(&dir);
+            return Err(DecideError::LimiterFiles { path, source });
+        }
+        let s = |p: &std::path::Path| p.to_string_lossy().into_owned();
+        Ok(adjust::LimiterFiles {
+            library: s(&self.library),
+            preload: s(&self.preload),
+            limits: s(&limits),
+            region: s(&region),
+        })
+    }
+
+    fn remove(&self, id: &str) {
+        let _ = std::fs::remove_dir_all(self.container_dir(id));
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -97,6 +192,7 @@ impl AgentState {
                 memory_unit: gpushare_core::request::MemoryUnit::GiB,
             },
             sim: None,
+            limiter: None,
             enforce_quotas: false,
             mps_pipe_root: None,
         }
@@ -134,6 +230,11 @@ impl AgentState {
                 dir: cfg.sim_dir(),
                 ncpu: std::thread::available_parallelism().map_or(1, |n| n.get()),
             }),
+            limiter: if cfg.limiter.enabled {
+                Some(LimiterHost::prepare(cfg)?)
+            } else {
+                None
+            },
             enforce_quotas: cfg.throttle.enabled,
             mps_pipe_root: (cfg.enforcement == Enforcement::Mps)
                 .then(|| cfg.mps_pipe_root.to_string_lossy().into_owned()),
@@ -155,6 +256,16 @@ pub enum NodeError {
     Devices(#[from] devices::DeviceError),
     #[error(transparent)]
     Backend(#[from] BackendError),
+    #[error(
+        "limiter.library {} is not installed (install libgpushare_limiter.so there, or set [limiter] enabled = false to opt this node out)",
+        path.display()
+    )]
+    LimiterLibrary { path: PathBuf },
+    #[error("cannot write the limiter's files at {}: {source}", path.display())]
+    LimiterFiles {
+        path: PathBuf,
+        source: std::io::Error,
+    },
 }
 
 /// Why a GPU container is not admitted: a refusal of what it asks (the runtime answers
@@ -190,6 +301,11 @@ pub enum DecideError {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[error("cannot write the limiter's files at {}: {source}", path.display())]
+    LimiterFiles {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     /// Fail closed: quotas are configured but cannot be enforced.
     #[error("GPU containers are refused on this node until its quotas can be enforced: {reason}")]
     EnforcementDown { reason: String },
@@ -200,7 +316,9 @@ impl DecideError {
     pub fn is_refusal(&self) -> bool {
         !matches!(
             self,
-            DecideError::SimDir { .. } | DecideError::EnforcementDown { .. }
+            DecideError::SimDir { .. }
+                | DecideError::LimiterFiles { .. }
+                | DecideError::EnforcementDown { .. }
         )
     }
 }
@@ -414,6 +532,22 @@ impl Node {
                 crate::throttle::source::SIM_CONTAINER_DIR,
             );
         }
+        // Last: the only step that writes files, undone by itself on failure.
+        if let Some(limiter) = &state.limiter {
+            let files = limiter.write(&ctr.id, &req).inspect_err(|_| {
+                if let Some(sim) = &state.sim {
+                    let _ = std::fs::remove_dir_all(sim.container_dir(&ctr.id));
+                }
+            })?;
+            adjust::add_limiter(&mut adj, &files);
+            if let Some(dir) = &limiter.driver_dir {
+                adjust::add_driver_libraries(
+                    &mut adj,
+                    &dir.to_string_lossy(),
+                    &SIM_DRIVER_LIBRARIES,
+                );
+            }
+        }
         Ok(Some((req, adj)))
     }
 
@@ -577,6 +711,9 @@ impl Handler for Node {
 
     fn remove_container(&self, _pod: &PodSandbox, ctr: &Container) {
         self.release(&ctr.id);
+        if let Some(limiter) = self.state().and_then(|s| s.limiter.clone()) {
+            limiter.remove(&ctr.id);
+        }
         if let Some(sim) = self.state().and_then(|s| s.sim.clone()) {
             let _ = std::fs::remove_dir_all(sim.container_dir(&ctr.id));
         }

@@ -54,11 +54,11 @@ pub fn adjustment(adj: &Adjustment) -> ContainerAdjustment {
         mounts: adj
             .mounts
             .iter()
-            .map(|(src, dst)| Mount {
-                source: src.clone(),
-                destination: dst.clone(),
+            .map(|m| Mount {
+                source: m.source.clone(),
+                destination: m.destination.clone(),
                 type_: "bind".into(),
-                options: vec!["rbind".into(), "rw".into()],
+                options: vec!["rbind".into(), if m.read_only { "ro" } else { "rw" }.into()],
                 ..Default::default()
             })
             .collect(),

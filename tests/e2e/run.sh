@@ -16,9 +16,11 @@ VERSIONS=("$@")
 PORT=${GPUSHARE_E2E_PORT:-19402}
 AGENT_PID=
 
+DRIVER_DIR=
 cleanup() {
     [[ -n $AGENT_PID ]] && kill -9 "$AGENT_PID" 2>/dev/null || true
     e2e_stop_containerd || true
+    [[ -n $DRIVER_DIR ]] && rm -rf "$DRIVER_DIR"
 }
 trap cleanup EXIT
 
@@ -35,10 +37,19 @@ wait_healthy() { # wait until the agent is registered with the runtime
     return 1
 }
 
+# The in-container limiter and, standing in for the NVIDIA driver, the fake libcuda.so.1 /
+# libnvidia-ml.so.1 the agent mounts into GPU containers as the toolkit mounts the real ones;
+# the probe reaches them as CUDA software does (built by `make build`).
+REL=$(dirname "$BIN")
+LIMITER=$REL/libgpushare_limiter.so
+DRIVER_DIR=$(mktemp -d /tmp/gpushare-e2e-driver.XXXXXX)
+cp "$REL/libfake_cuda.so" "$DRIVER_DIR/libcuda.so.1"
+cp "$REL/libfake_nvml.so" "$DRIVER_DIR/libnvidia-ml.so.1"
+
 start_agent() {
     "$BIN" node --nri-socket "$E2E_NRI_SOCK" --gpu-backend sim --dev-root "$E2E_ROOT/simdev" \
         --node-name e2e-node --status-listen "127.0.0.1:$PORT" --log-file "$E2E_ROOT/agent.log" \
-        --state-dir "$E2E_ROOT/state" &
+        --state-dir "$E2E_ROOT/state" --limiter-library "$LIMITER" --sim-driver-dir "$DRIVER_DIR" &
     AGENT_PID=$!
     wait_healthy
 }
@@ -70,7 +81,59 @@ write_pod() {
     extra=$(jq -cn --arg n "$name" --arg g "$gpu" --arg c "$cmd" \
         '{labels: {"gpushare-e2e": $n, "gpushare-e2e-gpu": $g}} +
          (if $c == "" then {} else {command: ["/bin/sh", "-c", $c]} end)')
+    [[ -n ${6:-} ]] && extra=$(jq -cn --argjson a "$extra" --argjson b "$6" '$a + $b')
     e2e_ctr_json main "$ctr_ann" "$extra" >"$E2E_ROOT/$name.ctr.json"
+}
+
+# What a CUDA program in the busybox image needs from the host (glibc), and the probe; test
+# scaffolding only — the driver libraries and the limiter come from the agent.
+PROBE_MOUNTS=$(jq -cn --arg rel "$REL" '{mounts: [
+    {container_path: "/lib/x86_64-linux-gnu", host_path: "/usr/lib/x86_64-linux-gnu", readonly: true},
+    {container_path: "/lib64/ld-linux-x86-64.so.2", host_path: "/usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2", readonly: true},
+    {container_path: "/usr/local/bin/gpu-probe", host_path: ($rel + "/gpu-probe"), readonly: true},
+    {container_path: "/usr/local/bin/gpu-probe-linked", host_path: ($rel + "/gpu-probe-linked"), readonly: true}]}')
+
+probe_says() { # CID EXPECTED-LINE ARGS...: one output line of `gpu-probe ARGS` is EXPECTED
+    local out
+    out=$(in_ctr "$1" "${@:3}" 2>&1)
+    echo "$out" | tr '\n' '|'
+    grep -qxF -- "$2" <<<"$out"
+}
+
+read_only_in() { # CID PATH: the container cannot write PATH
+    ! in_ctr "$1" sh -c "echo widened >>$2" 2>/dev/null
+}
+
+# The in-container view of a 2 GiB quota (issue 10): total 2048 MiB through CUDA (three ways)
+# and NVML, 1.5 GiB allocates and 1 GiB more is refused, a second process sees the first's
+# usage, and the limits cannot be changed from inside.
+limiter_checks() {
+    local cid
+    write_pod lim "$(assignment 2 2048 30)" 2 30 "" "$PROBE_MOUNTS"
+    cid=$(run_pod lim) || { e2e_check "$V: limiter pod starts" false; return; }
+    LIM_POD=$(e2e_last_pod_id)
+    e2e_check "$V: limiter: /etc/ld.so.preload names the library" probe_says "$cid" \
+        /usr/lib/gpushare/libgpushare_limiter.so cat /etc/ld.so.preload
+    e2e_check "$V: limiter: nvidia-smi view is 2048 MiB total" probe_says "$cid" \
+        "2048 MiB, 0 MiB" /usr/local/bin/gpu-probe nvml smi
+    e2e_check "$V: limiter: cuMemGetInfo (dlopen) says 2048 MiB" probe_says "$cid" \
+        "info rc=0 free_mib=2048 total_mib=2048" /usr/local/bin/gpu-probe dlopen init info
+    e2e_check "$V: limiter: cuMemGetInfo (cuGetProcAddress) says 2048 MiB" probe_says "$cid" \
+        "info rc=0 free_mib=2048 total_mib=2048" /usr/local/bin/gpu-probe procaddr init info
+    e2e_check "$V: limiter: cuMemGetInfo (linked) says 2048 MiB" probe_says "$cid" \
+        "info rc=0 free_mib=2048 total_mib=2048" /usr/local/bin/gpu-probe-linked init info
+    e2e_check "$V: limiter: 1.5 GiB allocates" probe_says "$cid" \
+        "alloc rc=0 id=0" /usr/local/bin/gpu-probe dlopen init alloc:1536 alloc:1024
+    e2e_check "$V: limiter: 1 GiB more is out of memory (2)" probe_says "$cid" \
+        "alloc rc=2" /usr/local/bin/gpu-probe dlopen init alloc:1536 alloc:1024
+    e2e_check "$V: limiter: a second process sees the first's 1 GiB" probe_says "$cid" \
+        "info rc=0 free_mib=1024 total_mib=2048" \
+        sh -c "/usr/local/bin/gpu-probe dlopen init alloc:1024 sleep:6000 >/dev/null & sleep 2; /usr/local/bin/gpu-probe dlopen init info"
+    e2e_check "$V: limiter: the limits file is read-only to the container" read_only_in "$cid" /etc/gpushare/limits.json
+    e2e_check "$V: limiter: /etc/ld.so.preload is read-only to the container" read_only_in "$cid" /etc/ld.so.preload
+    e2e_crictl rmp -f "$LIM_POD" >/dev/null
+    e2e_check "$V: limiter: the container's limiter files are removed with it" \
+        test ! -e "$E2E_ROOT/state/limiter/$cid"
 }
 
 run_pod() { # NAME → prints container id
@@ -216,6 +279,7 @@ for V in "${VERSIONS[@]}"; do
     fi
 
     bad_inputs
+    limiter_checks
 
     write_pod gpu2 "$(assignment 3 4096 50)" 4 50
     e2e_check "$V: second GPU pod on GPU 3" run_pod gpu2
@@ -246,6 +310,9 @@ dev_root = "$E2E_ROOT/simdev"
 status_listen = "127.0.0.1:$PORT"
 [log]
 file = "$E2E_ROOT/agent.log"
+[limiter]
+library = "$LIMITER"
+driver_dir = "$DRIVER_DIR"
 [throttle]
 state_dir = "$E2E_ROOT/state"
 EOF

@@ -4,6 +4,7 @@
 use serde::Serialize;
 
 use crate::inventory::{DeviceNode, DeviceSet};
+use crate::limiter::{self, GpuLimit, LimitsFile};
 use crate::request::{ContainerRequest, MemoryUnit};
 
 /// What to change in a container.
@@ -12,10 +13,34 @@ pub struct Adjustment {
     pub devices: Vec<DeviceNode>,
     pub env: Vec<(String, String)>,
     pub cdi_devices: Vec<String>,
-    /// Bind mounts `(host source, container destination)`, read-write.
-    pub mounts: Vec<(String, String)>,
+    pub mounts: Vec<Mount>,
     /// CPU set to pin the container to (simulated GPUs).
     pub cpuset: Option<String>,
+}
+
+/// A bind mount of a host path into the container.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Mount {
+    pub source: String,
+    pub destination: String,
+    pub read_only: bool,
+}
+
+impl Mount {
+    pub fn rw(source: impl Into<String>, destination: impl Into<String>) -> Mount {
+        Mount {
+            source: source.into(),
+            destination: destination.into(),
+            read_only: false,
+        }
+    }
+
+    pub fn ro(source: impl Into<String>, destination: impl Into<String>) -> Mount {
+        Mount {
+            read_only: true,
+            ..Mount::rw(source, destination)
+        }
+    }
 }
 
 /// Where MPS clients find the control daemon's pipes inside the container.
@@ -42,8 +67,10 @@ pub fn add_mps(adj: &mut Adjustment, req: &ContainerRequest, pipe_root: &str) {
     adj.env
         .push(("CUDA_MPS_PIPE_DIRECTORY".into(), MPS_PIPE_DIR.into()));
     let root = pipe_root.trim_end_matches('/');
-    adj.mounts
-        .push((format!("{root}/{}", req.gpus[0].index), MPS_PIPE_DIR.into()));
+    adj.mounts.push(Mount::rw(
+        format!("{root}/{}", req.gpus[0].index),
+        MPS_PIPE_DIR,
+    ));
 }
 
 /// Simulated GPUs: pin the container to the CPU core that stands in for its GPU
@@ -56,8 +83,62 @@ pub fn add_sim(
     container_dir: &str,
 ) {
     adj.cpuset = Some((gpu_index as usize % ncpu.max(1)).to_string());
-    adj.mounts
-        .push((host_dir.to_string(), container_dir.to_string()));
+    adj.mounts.push(Mount::rw(host_dir, container_dir));
+}
+
+/// Host paths of what the in-container limiter needs, for one container.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LimiterFiles {
+    /// The shipped `libgpushare_limiter.so`.
+    pub library: String,
+    /// A file whose one line is [`limiter::LIBRARY_PATH`].
+    pub preload: String,
+    /// This container's limits ([`limits_file`] rendered), read-only to it.
+    pub limits: String,
+    /// This container's accounting region, shared by its processes.
+    pub region: String,
+}
+
+/// The in-container limiter: the library, `/etc/ld.so.preload` naming it and the limits,
+/// all read-only (nothing a container sets or writes widens its quota), and the region its
+/// processes share, read-write.
+pub fn add_limiter(adj: &mut Adjustment, files: &LimiterFiles) {
+    adj.mounts.extend([
+        Mount::ro(&files.library, limiter::LIBRARY_PATH),
+        Mount::ro(&files.preload, limiter::PRELOAD_PATH),
+        Mount::ro(&files.limits, limiter::LIMITS_PATH),
+        Mount::rw(&files.region, limiter::REGION_PATH),
+    ]);
+}
+
+/// Where the NVIDIA container toolkit puts the driver's user-space libraries, and so where a
+/// simulated node mounts its stand-ins (`libcuda.so.1`, `libnvidia-ml.so.1`).
+pub const DRIVER_LIB_DIR: &str = "/usr/lib/x86_64-linux-gnu";
+
+/// Simulated GPUs: the stand-in driver libraries, mounted read-only the way the toolkit
+/// mounts the real ones (`host_dir/<name>` at `DRIVER_LIB_DIR/<name>`).
+pub fn add_driver_libraries(adj: &mut Adjustment, host_dir: &str, names: &[&str]) {
+    let dir = host_dir.trim_end_matches('/');
+    adj.mounts.extend(
+        names
+            .iter()
+            .map(|n| Mount::ro(format!("{dir}/{n}"), format!("{DRIVER_LIB_DIR}/{n}"))),
+    );
+}
+
+/// What the limiter enforces for `req`: each assigned GPU's memory quota, in the order the
+/// container sees its GPUs.
+pub fn limits_file(req: &ContainerRequest) -> LimitsFile {
+    LimitsFile::new(
+        req.gpus
+            .iter()
+            .map(|g| GpuLimit {
+                index: g.index,
+                uuid: g.uuid.clone(),
+                memory_limit_bytes: g.memory_mib << 20,
+            })
+            .collect(),
+    )
 }
 
 /// Node-level choices for the adjustment.
@@ -261,11 +342,56 @@ mod tests {
         assert_eq!(env["CUDA_MPS_PIPE_DIRECTORY"], "/tmp/nvidia-mps");
         assert_eq!(
             adj.mounts,
-            [(
-                "/run/gpushare/mps/2".to_string(),
-                "/tmp/nvidia-mps".to_string()
-            )]
+            [Mount::rw("/run/gpushare/mps/2", "/tmp/nvidia-mps")]
         );
+    }
+
+    #[test]
+    fn the_limiter_is_mounted_read_only_but_its_region() {
+        let mut adj = Adjustment::default();
+        add_limiter(
+            &mut adj,
+            &LimiterFiles {
+                library: "/opt/lib.so".into(),
+                preload: "/run/g/preload".into(),
+                limits: "/run/g/c1/limits.json".into(),
+                region: "/run/g/c1/region".into(),
+            },
+        );
+        assert_eq!(
+            adj.mounts,
+            [
+                Mount::ro("/opt/lib.so", "/usr/lib/gpushare/libgpushare_limiter.so"),
+                Mount::ro("/run/g/preload", "/etc/ld.so.preload"),
+                Mount::ro("/run/g/c1/limits.json", "/etc/gpushare/limits.json"),
+                Mount::rw("/run/g/c1/region", "/var/run/gpushare/region"),
+            ]
+        );
+        add_driver_libraries(&mut adj, "/drv/", &["libcuda.so.1"]);
+        assert_eq!(
+            adj.mounts[4],
+            Mount::ro(
+                "/drv/libcuda.so.1",
+                "/usr/lib/x86_64-linux-gnu/libcuda.so.1"
+            )
+        );
+    }
+
+    #[test]
+    fn limits_follow_the_assigned_gpus() {
+        let req = ContainerRequest {
+            gpus: vec![AssignedGpu {
+                index: 2,
+                uuid: "GPU-00000000-0000-4000-8000-000000000002".into(),
+                minor: 2,
+                memory_mib: 2048,
+                gpu_memory_mib: 15360,
+                core_percent: Some(30),
+            }],
+        };
+        let f = limits_file(&req);
+        assert_eq!(f.gpus[0].memory_limit_bytes, 2 << 30);
+        assert_eq!(LimitsFile::parse(&f.render()).unwrap(), f);
     }
 
     proptest! {
