@@ -63,7 +63,8 @@ now_us() { local t=${EPOCHREALTIME//[!0-9]/}; echo "$((10#$t))"; }
 start_agent() {
     "$BIN" node --nri-socket "$E2E_NRI_SOCK" --gpu-backend sim --dev-root "$E2E_ROOT/simdev" \
         --node-name bench-node --status-listen "127.0.0.1:$PORT" \
-        --log-file "$E2E_ROOT/agent.log" --state-dir "$E2E_ROOT/agent-state" "${AGENT_ARGS[@]}" &
+        --log-file "$E2E_ROOT/agent.log" --state-dir "$E2E_ROOT/agent-state" \
+        --limiter-library "$(dirname "$BIN")/libgpushare_limiter.so" "${AGENT_ARGS[@]}" &
     AGENT_PID=$!
     local i
     for ((i = 0; i < 100; i++)); do

@@ -133,6 +133,7 @@ start_agent() {
     "$BIN" node --nri-socket "$K8S_NRI_SOCK" --gpu-backend sim --dev-root "$ROOT/simdev" \
         --node-name "$K8S_NODE" --status-listen "127.0.0.1:$STATUS_PORT" \
         --log-file "$ROOT/agent.log" --state-dir "$ROOT/agent-state" \
+        --limiter-library "$(dirname "$BIN")/libgpushare_limiter.so" \
         --device-plugin --device-plugin-dir "$K8S_DEVICE_PLUGIN_DIR" \
         --device-plugin-core auto --kubeconfig "$KUBECONFIG" &
     AGENT_PID=$!

@@ -13,7 +13,9 @@ BIN=${GPUSHARE_BIN:-$repo/target/release/gpushare}
 PORT=${GPUSHARE_DEMO_PORT:-19403}
 VERSION=${GPUSHARE_DEMO_CONTAINERD:-2}
 AGENT_PID=
-trap '[[ -n $AGENT_PID ]] && kill "$AGENT_PID" 2>/dev/null; e2e_stop_containerd' EXIT
+REL=$(dirname "$BIN")
+DRIVER_DIR=$(e2e_gpu_fakes "$REL")
+trap '[[ -n $AGENT_PID ]] && kill "$AGENT_PID" 2>/dev/null; e2e_stop_containerd; rm -rf "$DRIVER_DIR"' EXIT
 
 step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 
@@ -25,7 +27,8 @@ echo "containerd pid $E2E_CONTAINERD_PID, NRI socket $E2E_NRI_SOCK"
 step "gpushare node --gpu-backend sim (4 GPUs x 15 GiB)"
 "$BIN" node --nri-socket "$E2E_NRI_SOCK" --gpu-backend sim --sim-gpus 4 --sim-gpu-memory-mib 15360 \
     --node-name demo-node --dev-root "$root/simdev" --status-listen "127.0.0.1:$PORT" \
-    --log-file "$root/agent.log" --state-dir "$root/state" &
+    --log-file "$root/agent.log" --state-dir "$root/state" \
+    --limiter-library "$REL/libgpushare_limiter.so" --sim-driver-dir "$DRIVER_DIR" &
 AGENT_PID=$!
 for _ in $(seq 100); do curl -fsS "127.0.0.1:$PORT/healthz" >/dev/null 2>&1 && break; sleep 0.1; done
 curl -fsS "127.0.0.1:$PORT/healthz"
@@ -46,8 +49,11 @@ echo "pod annotation gpushare.io/assignment: $assignment"
 # where the agent's sim directory is mounted.
 burn='cd /var/run/gpushare; i=0; while :; do awk "BEGIN{for(j=0;j<20000;j++);}"; i=$((i+1)); echo $i >p.tmp; mv p.tmp progress; done'
 burn_json=$(jq -cn --arg c "$burn" '{command: ["/bin/sh", "-c", $c]}')
+# (The demo's container also gets the host's glibc and the CUDA probe, to look at its GPU the
+# way CUDA software and nvidia-smi do; the driver itself is the agent's simulated one.)
+sample_json=$(jq -cn --argjson a "$burn_json" --argjson b "$(e2e_probe_mounts "$REL")" '$a + $b')
 e2e_pod_json sample-job uid-sample-job "$(jq -cn --arg a "$assignment" '{"gpushare.io/assignment":$a}')" >"$root/pod.json"
-e2e_ctr_json main '{"gpushare.io/granted-mem":"2","gpushare.io/granted-core":"30"}' "$burn_json" >"$root/ctr.json"
+e2e_ctr_json main '{"gpushare.io/granted-mem":"2","gpushare.io/granted-core":"30"}' "$sample_json" >"$root/ctr.json"
 cid=$(e2e_run_pod_with_container "$root/pod.json" "$root/ctr.json")
 echo "container $cid running"
 
@@ -56,6 +62,16 @@ echo "\$ ls -l /dev | grep nvidia"
 e2e_crictl exec "$cid" ls -l /dev | grep nvidia | sed 's/^/    /'
 echo "\$ env | grep -E 'NVIDIA|GPUSHARE|ALIYUN'"
 e2e_crictl exec "$cid" env | grep -E 'NVIDIA|GPUSHARE|ALIYUN' | sort | sed 's/^/    /'
+
+step "the GPU as the container sees it: its 2 GiB quota is the GPU's memory (in-container limiter)"
+probe() { e2e_crictl exec "$cid" /usr/local/bin/gpu-probe "$@" 2>&1 | sed 's/^/    /'; }
+echo "\$ nvidia-smi --query-gpu=memory.total,memory.used --format=csv   (the probe's NVML client)"
+probe nvml smi
+echo "\$ cuMemGetInfo; cuMemAlloc 1.5 GiB; cuMemAlloc 1 GiB more   (rc 2 = CUDA_ERROR_OUT_OF_MEMORY)"
+probe dlopen init info alloc:1536 info alloc:1024
+echo "\$ a second process while the first holds 1 GiB"
+e2e_crictl exec "$cid" sh -c '/usr/local/bin/gpu-probe dlopen init alloc:1024 sleep:4000 >/dev/null &
+    sleep 2; /usr/local/bin/gpu-probe dlopen init info' 2>&1 | sed 's/^/    /'
 
 step "the node agent's registry and metrics"
 curl -fsS "127.0.0.1:$PORT/registry" | jq -c '.[] | {pod: "\(.pod_namespace)/\(.pod_name)", container: .container_name, state, cgroups_path, gpus: [.gpus[] | {index, memory_mib, core_percent}]}'

@@ -577,6 +577,27 @@ e2e_ctr_json() {
         } * $extra'
 }
 
+# e2e_gpu_fakes BINDIR: a new directory holding the fake driver libraries built in BINDIR
+# under the names the NVIDIA toolkit mounts (libcuda.so.1, libnvidia-ml.so.1), for the
+# agent's --sim-driver-dir; prints its path (the caller removes it).
+e2e_gpu_fakes() {
+    local d
+    d=$(mktemp -d /tmp/gpushare-driver.XXXXXX) || return 1
+    cp "$1/libfake_cuda.so" "$d/libcuda.so.1" && cp "$1/libfake_nvml.so" "$d/libnvidia-ml.so.1" &&
+        echo "$d"
+}
+
+# e2e_probe_mounts BINDIR: CRI container-config JSON ({mounts: …}) giving a busybox container
+# the host's glibc and the probes built in BINDIR (/usr/local/bin/gpu-probe{,-linked}): test
+# scaffolding only; the driver libraries and the limiter come from the agent.
+e2e_probe_mounts() {
+    jq -cn --arg bin "$1" '{mounts: [
+        {container_path: "/lib/x86_64-linux-gnu", host_path: "/usr/lib/x86_64-linux-gnu", readonly: true},
+        {container_path: "/lib64/ld-linux-x86-64.so.2", host_path: "/usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2", readonly: true},
+        {container_path: "/usr/local/bin/gpu-probe", host_path: ($bin + "/gpu-probe"), readonly: true},
+        {container_path: "/usr/local/bin/gpu-probe-linked", host_path: ($bin + "/gpu-probe-linked"), readonly: true}]}'
+}
+
 # e2e_run_pod_with_container POD_JSON CTR_JSON
 #   runp + create + start. Prints the container id on stdout (only that).
 #   The pod id is written to ROOT/last-pod-id (read it with e2e_last_pod_id;

@@ -42,9 +42,7 @@ wait_healthy() { # wait until the agent is registered with the runtime
 # the probe reaches them as CUDA software does (built by `make build`).
 REL=$(dirname "$BIN")
 LIMITER=$REL/libgpushare_limiter.so
-DRIVER_DIR=$(mktemp -d /tmp/gpushare-e2e-driver.XXXXXX)
-cp "$REL/libfake_cuda.so" "$DRIVER_DIR/libcuda.so.1"
-cp "$REL/libfake_nvml.so" "$DRIVER_DIR/libnvidia-ml.so.1"
+DRIVER_DIR=$(e2e_gpu_fakes "$REL")
 
 start_agent() {
     "$BIN" node --nri-socket "$E2E_NRI_SOCK" --gpu-backend sim --dev-root "$E2E_ROOT/simdev" \
@@ -85,13 +83,7 @@ write_pod() {
     e2e_ctr_json main "$ctr_ann" "$extra" >"$E2E_ROOT/$name.ctr.json"
 }
 
-# What a CUDA program in the busybox image needs from the host (glibc), and the probe; test
-# scaffolding only — the driver libraries and the limiter come from the agent.
-PROBE_MOUNTS=$(jq -cn --arg rel "$REL" '{mounts: [
-    {container_path: "/lib/x86_64-linux-gnu", host_path: "/usr/lib/x86_64-linux-gnu", readonly: true},
-    {container_path: "/lib64/ld-linux-x86-64.so.2", host_path: "/usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2", readonly: true},
-    {container_path: "/usr/local/bin/gpu-probe", host_path: ($rel + "/gpu-probe"), readonly: true},
-    {container_path: "/usr/local/bin/gpu-probe-linked", host_path: ($rel + "/gpu-probe-linked"), readonly: true}]}')
+PROBE_MOUNTS=$(e2e_probe_mounts "$REL")
 
 probe_says() { # CID EXPECTED-LINE ARGS...: one output line of `gpu-probe ARGS` is EXPECTED
     local out
