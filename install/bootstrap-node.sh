@@ -4,14 +4,19 @@
 # Default: external NRI plugin run by systemd (survives containerd restarts by reconnecting).
 # --preinstalled: copy the binary to /opt/nri/plugins/10-gpushare and the config to
 # /etc/nri/conf.d/10-gpushare.conf; containerd launches it (restart containerd afterwards).
+# Both install the in-container limiter at /usr/lib/gpushare/libgpushare_limiter.so.
 # NRI must be enabled in containerd 1.7 (see install/containerd/).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 mode=external
 if [[ ${1:-} == --preinstalled ]]; then mode=preinstalled; shift; fi
 bin=${1:-$here/../target/release/gpushare}
-[[ -x $bin ]] || { echo "bootstrap: binary $bin not found (cargo build --release)" >&2; exit 1; }
+lib=$(dirname "$bin")/libgpushare_limiter.so
+[[ -x $bin ]] || { echo "bootstrap: binary $bin not found (make build)" >&2; exit 1; }
+[[ -f $lib ]] || { echo "bootstrap: limiter library $lib not found (make build)" >&2; exit 1; }
 ((EUID == 0)) || { echo "bootstrap: run as root" >&2; exit 1; }
+# The in-container limiter, where [limiter] library points by default.
+install -D -m 0644 "$lib" /usr/lib/gpushare/libgpushare_limiter.so
 
 if [[ $mode == preinstalled ]]; then
     install -D -m 0755 "$bin" /opt/nri/plugins/10-gpushare
