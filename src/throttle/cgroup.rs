@@ -129,25 +129,16 @@ impl CgroupFs {
     /// [`can_freeze`](ContainerCgroup::can_freeze) is false. An existing cgroup of that name
     /// (left by a run that was killed) is reused. On failure nothing stays created.
     pub fn create_run_cgroup(&self, name: &str) -> Result<ContainerCgroup, CgroupError> {
-        let rel = Self::relative_path(name)?;
-        if rel.components().count() != 1 {
+        let cg = self.container(name)?;
+        if cg.rel.components().count() != 1 {
             return Err(CgroupError::InvalidPath {
                 value: name.to_string(),
                 reason: "a run cgroup is one top-level name",
             });
         }
-        let freezer_root = self.freezer_root();
-        let mut cg = ContainerCgroup {
-            version: self.version,
-            freezer_dir: freezer_root.join(&rel),
-            cpu_dir: self.cpu_root().join(&rel),
-            rel,
-        };
         let mut dirs = vec![];
-        if self.version == CgroupVersion::V2 || freezer_root.is_dir() {
+        if cg.freezer_dir != cg.cpu_dir || self.version == CgroupVersion::V2 {
             dirs.push(cg.freezer_dir.clone());
-        } else {
-            cg.freezer_dir = cg.cpu_dir.clone();
         }
         if !dirs.contains(&cg.cpu_dir) && cg.cpu_dir.parent().is_some_and(Path::is_dir) {
             dirs.push(cg.cpu_dir.clone());
@@ -207,12 +198,23 @@ impl CgroupFs {
 
     /// The cgroup of a container, from its NRI/OCI `cgroups_path` (see
     /// [`relative_path`](Self::relative_path)). Does not check that it exists.
+    /// Where v1 has no freezer hierarchy (only [`detect_layout`](Self::detect_layout) gives
+    /// such a `CgroupFs`), its "freezer directory" is its CPU accounting one: where its
+    /// processes are listed; it cannot freeze.
     pub fn container(&self, cgroups_path: &str) -> Result<ContainerCgroup, CgroupError> {
         let rel = Self::relative_path(cgroups_path)?;
+        let cpu_dir = self.cpu_root().join(&rel);
+        let freezer_root = self.freezer_root();
+        let freezer_dir = match self.version {
+            CgroupVersion::V1 if !freezer_root.is_dir() && self.cpu_root().is_dir() => {
+                cpu_dir.clone()
+            }
+            _ => freezer_root.join(&rel),
+        };
         Ok(ContainerCgroup {
             version: self.version,
-            freezer_dir: self.freezer_root().join(&rel),
-            cpu_dir: self.cpu_root().join(&rel),
+            freezer_dir,
+            cpu_dir,
             rel,
         })
     }

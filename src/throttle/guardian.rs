@@ -43,10 +43,13 @@ pub fn run(list: &Path) -> std::io::Result<()> {
         }
     }
     let n = thaw_listed(list);
-    eprintln!(
-        "gpushare guardian: agent gone, thawed {n} cgroup(s) from {}",
-        list.display()
-    );
+    // Quiet when nothing was frozen: `gpushare run` ends this way every time.
+    if n > 0 {
+        eprintln!(
+            "gpushare guardian: agent gone, thawed {n} cgroup(s) from {}",
+            list.display()
+        );
+    }
     Ok(())
 }
 
