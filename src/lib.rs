@@ -12,6 +12,7 @@ pub mod metrics;
 pub mod node;
 pub mod nri;
 pub mod registry;
+pub mod run;
 pub mod scheduler;
 pub mod simulate;
 pub mod status;

@@ -6,6 +6,7 @@ pub mod guardian;
 pub mod inspect;
 pub mod logging;
 pub mod node;
+pub mod run;
 pub mod scheduler;
 pub mod simulate;
 
@@ -37,6 +38,8 @@ enum Command {
     Inspect(inspect::InspectArgs),
     /// The kube-scheduler extender: filter, prioritize and bind GPU-sharing pods.
     Scheduler(scheduler::SchedulerArgs),
+    /// Run one command under a GPU quota on this machine, without Kubernetes.
+    Run(run::RunArgs),
 }
 
 /// The `gpushare` binary.
@@ -55,6 +58,7 @@ pub fn main() -> anyhow::Result<()> {
         Command::Simulate(args) => simulate::run(&args),
         Command::Inspect(args) => inspect::run(&args),
         Command::Scheduler(args) => scheduler::run(&args),
+        Command::Run(args) => run::run(&args),
     }
 }
 

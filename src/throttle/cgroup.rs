@@ -3,11 +3,14 @@
 //! In the style of youki's libcgroups: every operation goes through a path derived from an
 //! injectable root (`/sys/fs/cgroup` in production, a tempdir in tests), and every error
 //! names the path and the data involved. This layer makes every cgroupfs write of the
-//! throttle controller: freeze, thaw, moving processes (`cgroup.procs`) and creating the
-//! controller's [`THROTTLED_CHILD`]. That child is the only cgroup it ever creates
+//! throttle controller and of `gpushare run`: freeze, thaw, moving processes
+//! (`cgroup.procs`), creating the controller's [`THROTTLED_CHILD`] and creating and removing
+//! a run's own cgroup. It creates exactly two kinds of cgroup: the throttled child
 //! ([`ContainerCgroup::create_throttled_child`], one `mkdir` below an existing container
-//! cgroup); files are opened for writing without `O_CREAT`, so a missing cgroup is an error
-//! naming its directory.
+//! cgroup) and a run cgroup ([`CgroupFs::create_run_cgroup`], one `mkdir` per hierarchy at
+//! the top level, named by `gpushare run`), and removes only a run cgroup and its throttled
+//! child ([`ContainerCgroup::remove`]); files are opened for writing without `O_CREAT`, so a
+//! missing cgroup is an error naming its directory.
 //!
 //! Layout:
 //! - v1: the freezer directory is `root/freezer/<rel>`, the CPU accounting directory
@@ -56,6 +59,8 @@ pub enum CgroupError {
     Parse { path: PathBuf, data: String },
     #[error("failed to create cgroup {path}: {err}")]
     Create { path: PathBuf, err: io::Error },
+    #[error("failed to remove cgroup {path}: {err}")]
+    Remove { path: PathBuf, err: io::Error },
 }
 
 /// The child cgroup the controller freezes, below a container's own cgroup: a frozen
@@ -105,6 +110,63 @@ impl CgroupFs {
         }
     }
 
+    /// Like [`detect`](Self::detect) but without requiring a freezer: v2 if
+    /// `root/cgroup.controllers` exists, else v1 if `root` has a freezer or a CPU accounting
+    /// hierarchy. For `gpushare run`, which falls back to signals where there is no freezer;
+    /// the node agent fails closed through [`detect`](Self::detect) instead.
+    pub fn detect_layout(root: &Path) -> Result<Self, CgroupError> {
+        let v1 = Self::new(root, CgroupVersion::V1);
+        match Self::detect(root) {
+            Err(CgroupError::UnknownLayout { .. }) if v1.cpu_root().is_dir() => Ok(v1),
+            detected => detected,
+        }
+    }
+
+    /// Creates the top-level cgroup `name` for `gpushare run` — v1: in the freezer and the
+    /// CPU accounting hierarchies (where each exists), v2: one directory — and returns it.
+    /// Where v1 has no freezer hierarchy, the returned cgroup's freezer directory is its CPU
+    /// accounting one: its `cgroup.procs` lists the processes and
+    /// [`can_freeze`](ContainerCgroup::can_freeze) is false. An existing cgroup of that name
+    /// (left by a run that was killed) is reused. On failure nothing stays created.
+    pub fn create_run_cgroup(&self, name: &str) -> Result<ContainerCgroup, CgroupError> {
+        let cg = self.container(name)?;
+        if cg.rel.components().count() != 1 {
+            return Err(CgroupError::InvalidPath {
+                value: name.to_string(),
+                reason: "a run cgroup is one top-level name",
+            });
+        }
+        let mut dirs = vec![];
+        if cg.freezer_dir != cg.cpu_dir || self.version == CgroupVersion::V2 {
+            dirs.push(cg.freezer_dir.clone());
+        }
+        if !dirs.contains(&cg.cpu_dir) && cg.cpu_dir.parent().is_some_and(Path::is_dir) {
+            dirs.push(cg.cpu_dir.clone());
+        }
+        let mut made: Vec<&PathBuf> = vec![];
+        for dir in &dirs {
+            match fs::create_dir(dir) {
+                Ok(()) => made.push(dir),
+                Err(err) if err.kind() == io::ErrorKind::AlreadyExists => {}
+                Err(err) => {
+                    for dir in made {
+                        let _ = fs::remove_dir(dir);
+                    }
+                    return Err(CgroupError::Create {
+                        path: dir.clone(),
+                        err,
+                    });
+                }
+            }
+        }
+        if dirs.is_empty() {
+            return Err(CgroupError::UnknownLayout {
+                path: self.root.clone(),
+            });
+        }
+        Ok(cg)
+    }
+
     pub fn version(&self) -> CgroupVersion {
         self.version
     }
@@ -136,12 +198,23 @@ impl CgroupFs {
 
     /// The cgroup of a container, from its NRI/OCI `cgroups_path` (see
     /// [`relative_path`](Self::relative_path)). Does not check that it exists.
+    /// Where v1 has no freezer hierarchy (only [`detect_layout`](Self::detect_layout) gives
+    /// such a `CgroupFs`), its "freezer directory" is its CPU accounting one: where its
+    /// processes are listed; it cannot freeze.
     pub fn container(&self, cgroups_path: &str) -> Result<ContainerCgroup, CgroupError> {
         let rel = Self::relative_path(cgroups_path)?;
+        let cpu_dir = self.cpu_root().join(&rel);
+        let freezer_root = self.freezer_root();
+        let freezer_dir = match self.version {
+            CgroupVersion::V1 if !freezer_root.is_dir() && self.cpu_root().is_dir() => {
+                cpu_dir.clone()
+            }
+            _ => freezer_root.join(&rel),
+        };
         Ok(ContainerCgroup {
             version: self.version,
-            freezer_dir: self.freezer_root().join(&rel),
-            cpu_dir: self.cpu_root().join(&rel),
+            freezer_dir,
+            cpu_dir,
             rel,
         })
     }
@@ -395,6 +468,54 @@ impl ContainerCgroup {
                 err,
             }),
         }
+    }
+
+    /// Whether this cgroup has a freezer file to write (v1 `freezer.state`, v2
+    /// `cgroup.freeze`; missing where v1 has no freezer hierarchy or the v2 kernel has no
+    /// freezer).
+    pub fn can_freeze(&self) -> bool {
+        let (file, _, _) = self.version.freezer_file();
+        self.freezer_dir.join(file).is_file()
+    }
+
+    /// The `cgroup.procs` files a process writes its PID to, to join this cgroup in every
+    /// hierarchy it spans (v1: freezer and CPU accounting; v2: one).
+    pub fn procs_files(&self) -> Vec<PathBuf> {
+        let mut files = vec![self.freezer_dir.join("cgroup.procs")];
+        if self.cpu_dir != self.freezer_dir && self.cpu_dir.is_dir() {
+            files.push(self.cpu_dir.join("cgroup.procs"));
+        }
+        files
+    }
+
+    /// Removes this cgroup and its [`THROTTLED_CHILD`] (a run cgroup, once its processes are
+    /// gone): `rmdir` of the child, then of the directory in each hierarchy. The kernel
+    /// refuses (`EBUSY`) while an exiting process is still being reaped, so that is retried
+    /// for up to `patience`; an already missing directory is fine.
+    pub fn remove(&self, patience: Duration) -> Result<(), CgroupError> {
+        let mut dirs = vec![
+            self.freezer_dir.join(THROTTLED_CHILD),
+            self.freezer_dir.clone(),
+        ];
+        if self.cpu_dir != self.freezer_dir {
+            dirs.push(self.cpu_dir.clone());
+        }
+        let deadline = Instant::now() + patience;
+        for dir in dirs {
+            loop {
+                match fs::remove_dir(&dir) {
+                    Ok(()) => break,
+                    Err(err) if err.kind() == io::ErrorKind::NotFound => break,
+                    Err(err)
+                        if err.raw_os_error() == Some(libc::EBUSY) && Instant::now() < deadline =>
+                    {
+                        thread::sleep(Duration::from_millis(20));
+                    }
+                    Err(err) => return Err(CgroupError::Remove { path: dir, err }),
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Whether the freezer directory exists.
@@ -882,6 +1003,71 @@ mod tests {
             assert!(err.to_string().contains("kubepods/gone/abc"), "{err}");
             assert!(!fs.freezer_root().join("kubepods/gone").exists());
         }
+    }
+
+    #[test]
+    fn run_cgroup_is_created_in_each_hierarchy_and_removed() {
+        let patience = Duration::from_millis(100);
+        // v1 with freezer and cpuacct; v2.
+        for (_t, fs) in [fake_v1(&[]), fake_v2(&[])] {
+            let cg = fs.create_run_cgroup("gpushare-run-7").unwrap();
+            assert_eq!(cg.freezer_dir(), fs.freezer_root().join("gpushare-run-7"));
+            assert_eq!(cg.cpu_dir(), fs.cpu_root().join("gpushare-run-7"));
+            assert!(cg.freezer_dir().is_dir() && cg.cpu_dir().is_dir());
+            let want = match fs.version() {
+                CgroupVersion::V1 => vec![
+                    cg.freezer_dir().join("cgroup.procs"),
+                    cg.cpu_dir().join("cgroup.procs"),
+                ],
+                CgroupVersion::V2 => vec![cg.freezer_dir().join("cgroup.procs")],
+            };
+            assert_eq!(cg.procs_files(), want);
+            // A fake tree's mkdir makes no files: no freezer file, until the kernel's appears.
+            assert!(!cg.can_freeze());
+            let file = match fs.version() {
+                CgroupVersion::V1 => "freezer.state",
+                CgroupVersion::V2 => "cgroup.freeze",
+            };
+            put(&cg.freezer_dir().join(file), "");
+            assert!(cg.can_freeze());
+            fs::remove_file(cg.freezer_dir().join(file)).unwrap();
+            // Reused when it exists; its throttled child goes with it.
+            assert_eq!(fs.create_run_cgroup("gpushare-run-7").unwrap(), cg);
+            cg.create_throttled_child().unwrap();
+            cg.remove(patience).unwrap();
+            assert!(!cg.freezer_dir().exists() && !cg.cpu_dir().exists());
+            cg.remove(patience).unwrap();
+        }
+        // v1 without a freezer hierarchy: the processes live in cpuacct.
+        let tmp = tempfile::tempdir().unwrap();
+        fs::create_dir(tmp.path().join("cpuacct")).unwrap();
+        assert!(CgroupFs::detect(tmp.path()).is_err());
+        let fs = CgroupFs::detect_layout(tmp.path()).unwrap();
+        assert_eq!(fs.version(), CgroupVersion::V1);
+        let cg = fs.create_run_cgroup("gpushare-run-8").unwrap();
+        assert_eq!(cg.freezer_dir(), cg.cpu_dir());
+        assert_eq!(cg.procs_files(), vec![cg.cpu_dir().join("cgroup.procs")]);
+        assert!(
+            !fs.freezer_root().exists(),
+            "no freezer hierarchy is made up"
+        );
+        cg.remove(patience).unwrap();
+        assert!(!cg.cpu_dir().exists());
+        // Names: one top-level component; an unusable root names the root.
+        for bad in ["a/b", "..", ""] {
+            assert!(fs.create_run_cgroup(bad).is_err(), "{bad}");
+        }
+        let none = CgroupFs::new(tmp.path().join("nope"), CgroupVersion::V2);
+        let err = none.create_run_cgroup("gpushare-run-9").unwrap_err();
+        assert!(matches!(err, CgroupError::Create { .. }), "{err}");
+        assert!(err.to_string().contains("nope/gpushare-run-9"), "{err}");
+        assert!(CgroupFs::detect_layout(&tmp.path().join("nope")).is_err());
+        // Not empty (a fake tree's files stand in for a process): refused, named.
+        let cg = fs.create_run_cgroup("gpushare-run-10").unwrap();
+        put(&cg.cpu_dir().join("x"), "");
+        let err = cg.remove(patience).unwrap_err();
+        assert!(matches!(err, CgroupError::Remove { .. }), "{err}");
+        assert!(err.to_string().contains("gpushare-run-10"), "{err}");
     }
 
     #[test]

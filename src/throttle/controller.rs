@@ -22,6 +22,7 @@ use serde::{Deserialize, Serialize};
 
 pub use super::cgroup::THROTTLED_CHILD;
 use super::cgroup::{CgroupError, CgroupFs, ContainerCgroup};
+use super::freezer::{Freezer, FreezerMode, Processes, SignalFreezer};
 use super::source::{SampleSource, Tracked};
 use crate::registry::{ContainerState, Registry};
 use gpushare_core::control::{ComputePolicy, GpuLoop, Member, Params, Plan};
@@ -174,8 +175,11 @@ fn sweep(parent: &ContainerCgroup, child: &ContainerCgroup) {
 
 struct Handle {
     cgroup: ContainerCgroup,
-    /// What gets frozen: `<container cgroup>/gpushare-throttled`.
+    /// Where the workload's processes are kept: `<container cgroup>/gpushare-throttled`
+    /// (the container's own cgroup with the signal freezer).
     throttled: ContainerCgroup,
+    /// What freezes them: the throttled child's cgroup freezer, or signals.
+    freezer: Freezer,
     gpu: u32,
     frozen: bool,
     frozen_since: Option<Instant>,
@@ -193,6 +197,7 @@ pub struct Controller {
     handles: HashMap<String, Handle>,
     guardian_list: Option<PathBuf>,
     link: Arc<ControllerLink>,
+    mode: FreezerMode,
     /// Periods run so far (idle containers are sampled and swept only every few periods).
     periods: u64,
 }
@@ -210,7 +215,7 @@ impl Drop for ThawOnDrop<'_> {
     fn drop(&mut self) {
         for (id, h) in self.0.iter_mut() {
             if h.frozen {
-                if let Err(e) = h.throttled.thaw() {
+                if let Err(e) = h.freezer.thaw() {
                     tracing::error!(container = %id, error = %e, "cannot thaw on exit");
                 }
                 h.frozen = false;
@@ -238,8 +243,15 @@ impl Controller {
             handles: HashMap::new(),
             guardian_list: None,
             link,
+            mode: FreezerMode::Cgroup,
             periods: 0,
         }
+    }
+
+    /// Holds containers by `mode` (default: the cgroup freezer).
+    pub fn with_freezer_mode(mut self, mode: FreezerMode) -> Self {
+        self.mode = mode;
+        self
     }
 
     /// The handle the NRI handler uses to release stopping containers.
@@ -270,7 +282,7 @@ impl Controller {
     /// stopped or removed ones are thawed and dropped.
     fn sync_members(&mut self) {
         let records = self.registry.snapshot();
-        let mut want: HashMap<String, (u32, Option<f64>, String)> = HashMap::new();
+        let mut want: HashMap<String, (u32, Option<f64>, String, u32)> = HashMap::new();
         let mut stats = self.stats.containers.lock().expect("stats lock");
         {
             // Forget releases of containers the registry no longer has.
@@ -293,6 +305,7 @@ impl Controller {
                     g.index,
                     g.core_percent.map(|c| c as f64 / 100.0),
                     r.cgroups_path.clone(),
+                    r.pid,
                 ),
             );
             let s = stats.entry(r.id.clone()).or_default();
@@ -311,15 +324,51 @@ impl Controller {
                 return true;
             }
             if h.frozen
-                && let Err(e) = h.throttled.thaw()
+                && let Err(e) = h.freezer.thaw()
             {
                 tracing::warn!(container = %id, error = %e, "cannot thaw departing container");
             }
             changed = true;
             false
         });
-        for (id, (gpu, _, path)) in &want {
+        for (id, (gpu, _, path, pid)) in &want {
             if self.handles.contains_key(id) {
+                continue;
+            }
+            if let FreezerMode::Signals { proc_root } = &self.mode {
+                let handle = match self.fs.container(path) {
+                    Ok(cgroup) if cgroup.exists() => Some(Handle {
+                        freezer: Freezer::Signals(SignalFreezer::new(Processes::Cgroup(
+                            cgroup.clone(),
+                        ))),
+                        throttled: cgroup.clone(),
+                        cgroup,
+                        gpu: *gpu,
+                        frozen: false,
+                        frozen_since: None,
+                    }),
+                    // No cgroup at all: the process tree of the registered PID.
+                    Ok(cgroup) if *pid > 0 => Some(Handle {
+                        freezer: Freezer::Signals(SignalFreezer::new(Processes::Tree {
+                            proc_root: proc_root.clone(),
+                            root: *pid,
+                        })),
+                        throttled: cgroup.clone(),
+                        cgroup,
+                        gpu: *gpu,
+                        frozen: false,
+                        frozen_since: None,
+                    }),
+                    Ok(_) => None,
+                    Err(e) => {
+                        tracing::warn!(container = %id, error = %e, "cannot resolve cgroup");
+                        None
+                    }
+                };
+                if let Some(handle) = handle {
+                    self.handles.insert(id.clone(), handle);
+                    changed = true;
+                }
                 continue;
             }
             match self.fs.container(path) {
@@ -335,6 +384,7 @@ impl Controller {
                         id.clone(),
                         Handle {
                             cgroup,
+                            freezer: Freezer::Cgroup(throttled.clone()),
                             throttled,
                             gpu: *gpu,
                             frozen: false,
@@ -352,7 +402,7 @@ impl Controller {
         }
         let params = self.params();
         let mut per_gpu: BTreeMap<u32, Vec<Member>> = BTreeMap::new();
-        for (id, (gpu, quota, _)) in &want {
+        for (id, (gpu, quota, _, _)) in &want {
             if self.handles.contains_key(id) {
                 per_gpu.entry(*gpu).or_default().push(Member {
                     id: id.clone(),
@@ -378,7 +428,7 @@ impl Controller {
         let text: String = self
             .handles
             .values()
-            .map(|h| format!("{}\n", h.throttled.freezer_dir().display()))
+            .map(|h| format!("{}\n", h.freezer.guardian_entry()))
             .collect();
         let tmp = path.with_extension("tmp");
         std::fs::write(&tmp, text)
@@ -397,9 +447,9 @@ impl Controller {
             return;
         }
         let r = if frozen {
-            h.throttled.freeze()
+            h.freezer.freeze()
         } else {
-            h.throttled.thaw()
+            h.freezer.thaw()
         };
         match r {
             Ok(()) => {
@@ -488,7 +538,7 @@ impl Controller {
         // from the next period on); idle ones, which are never frozen, less often.
         let sweep_all = n.is_multiple_of(SWEEP_EVERY) || self.handles.len() != before;
         for (id, h) in &self.handles {
-            if sweep_all || !idle(id, h.gpu) {
+            if h.throttled != h.cgroup && (sweep_all || !idle(id, h.gpu)) {
                 sweep(&h.cgroup, &h.throttled);
             }
         }
@@ -608,6 +658,19 @@ pub fn start(
     guardian_exe: Option<&Path>,
 ) -> Result<Running, ControllerError> {
     let fs = CgroupFs::detect(&cfg.cgroup_root)?;
+    start_with(cfg, fs, FreezerMode::Cgroup, registry, source, guardian_exe)
+}
+
+/// [`start`] on a cgroupfs the caller detected, holding containers by `mode`
+/// (`gpushare run`, which falls back to signals where no freezer is writable).
+pub fn start_with(
+    cfg: &ThrottleConfig,
+    fs: CgroupFs,
+    mode: FreezerMode,
+    registry: Arc<Registry>,
+    source: Box<dyn SampleSource>,
+    guardian_exe: Option<&Path>,
+) -> Result<Running, ControllerError> {
     std::fs::create_dir_all(&cfg.state_dir).map_err(|err| ControllerError::StateDir {
         path: cfg.state_dir.clone(),
         err,
@@ -628,7 +691,9 @@ pub fn start(
             })?),
             None => None,
         };
-    let controller = Controller::new(cfg.clone(), fs, registry, source).with_guardian_list(list);
+    let controller = Controller::new(cfg.clone(), fs, registry, source)
+        .with_guardian_list(list)
+        .with_freezer_mode(mode);
     let stats = controller.stats.clone();
     let link = controller.link();
     let stop = Arc::new(AtomicBool::new(false));

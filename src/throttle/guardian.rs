@@ -8,10 +8,11 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
-use super::cgroup::thaw_dir;
+use super::freezer::thaw_entry;
 
-/// Thaws every directory listed (one per line) in `list`, through the cgroup layer's
-/// [`thaw_dir`]. Returns how many it thawed.
+/// Thaws everything listed (one per line) in `list`: freezer directories through the cgroup
+/// layer, signal-frozen processes by `SIGCONT` (see [`thaw_entry`]). Returns how many it
+/// thawed.
 pub fn thaw_listed(list: &Path) -> usize {
     let Ok(text) = std::fs::read_to_string(list) else {
         return 0;
@@ -19,7 +20,7 @@ pub fn thaw_listed(list: &Path) -> usize {
     text.lines()
         .map(str::trim)
         .filter(|l| !l.is_empty())
-        .filter(|l| match thaw_dir(Path::new(l)) {
+        .filter(|l| match thaw_entry(l) {
             Ok(thawed) => thawed,
             Err(e) => {
                 tracing::warn!(error = %e, "cannot thaw a cgroup from the guardian list");
@@ -42,10 +43,13 @@ pub fn run(list: &Path) -> std::io::Result<()> {
         }
     }
     let n = thaw_listed(list);
-    eprintln!(
-        "gpushare guardian: agent gone, thawed {n} cgroup(s) from {}",
-        list.display()
-    );
+    // Quiet when nothing was frozen: `gpushare run` ends this way every time.
+    if n > 0 {
+        eprintln!(
+            "gpushare guardian: agent gone, thawed {n} cgroup(s) from {}",
+            list.display()
+        );
+    }
     Ok(())
 }
 

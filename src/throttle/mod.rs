@@ -6,6 +6,8 @@
 //! - [`pidmap`]: host PID → container through `/proc/PID/cgroup`;
 //! - the per-GPU control law itself is pure and lives in `gpushare_core::control`;
 //! - [`source`]: sample sources (sim; NVML);
+//! - [`freezer`]: what the controller freezes per container: the cgroup freezer, or (for
+//!   `gpushare run` where no freezer is writable) `SIGSTOP`/`SIGCONT` of its processes;
 //! - [`controller`]: the thread that samples, plans and freezes/thaws;
 //! - [`guardian`]: thaws everything when the agent dies, SIGKILL included;
 //! - `fixture`: fakes and helpers shared by the unit and real-cgroup tests.
@@ -14,6 +16,7 @@ pub mod cgroup;
 pub mod controller;
 #[doc(hidden)]
 pub mod fixture;
+pub mod freezer;
 pub mod guardian;
 pub mod pidmap;
 pub mod source;

@@ -73,6 +73,11 @@ pub fn add_mps(adj: &mut Adjustment, req: &ContainerRequest, pipe_root: &str) {
     ));
 }
 
+/// The CPU core that stands in for simulated GPU `gpu_index` on a machine of `ncpu` cores.
+pub fn sim_cpu(gpu_index: u32, ncpu: usize) -> usize {
+    gpu_index as usize % ncpu.max(1)
+}
+
 /// Simulated GPUs: pin the container to the CPU core that stands in for its GPU
 /// (`gpu index mod ncpu`) and mount its declaration directory (GPU memory in use, progress).
 pub fn add_sim(
@@ -82,7 +87,7 @@ pub fn add_sim(
     host_dir: &str,
     container_dir: &str,
 ) {
-    adj.cpuset = Some((gpu_index as usize % ncpu.max(1)).to_string());
+    adj.cpuset = Some(sim_cpu(gpu_index, ncpu).to_string());
     adj.mounts.push(Mount::rw(host_dir, container_dir));
 }
 

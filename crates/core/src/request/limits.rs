@@ -126,6 +126,29 @@ impl GpuQuantities {
     }
 }
 
+/// The one parser of memory sizes on command lines (`gpushare run --memory`): a positive
+/// integer and a [`MemoryUnit`] name (`2GiB`, `2048MiB`, `2 Gi`); MiB. `field` names the
+/// flag in the error.
+pub fn parse_memory_mib(field: &str, raw: &str) -> Result<u64, RequestError> {
+    let bad = || RequestError::NotAMemorySize {
+        field: field.to_string(),
+        value: raw.to_string(),
+    };
+    let text = raw.trim();
+    let split = text.find(|c: char| !c.is_ascii_digit()).ok_or_else(bad)?;
+    let (number, unit) = text.split_at(split);
+    let number: u64 = number.parse().map_err(|_| bad())?;
+    let unit: MemoryUnit = unit.trim().parse().map_err(|_| bad())?;
+    match number.checked_mul(unit.mib()) {
+        Some(0) => Err(RequestError::NotPositive {
+            field: field.to_string(),
+            value: 0,
+        }),
+        Some(mib) => Ok(mib),
+        None => Err(bad()),
+    }
+}
+
 fn parse_int(field: &str, raw: &str) -> Result<i64, RequestError> {
     raw.trim()
         .parse::<i64>()
@@ -296,5 +319,35 @@ mod tests {
         .unwrap();
         assert_eq!(g.memory_mib(names.memory_unit), 512);
         assert_eq!(g.count, Some(1));
+    }
+
+    #[test]
+    fn memory_sizes_parse_to_mib_and_errors_name_the_flag() {
+        for (raw, mib) in [
+            ("2GiB", 2048),
+            ("2048MiB", 2048),
+            ("1Gi", 1024),
+            ("512mi", 512),
+            (" 3 GiB ", 3072),
+        ] {
+            assert_eq!(parse_memory_mib("--memory", raw).unwrap(), mib, "{raw}");
+        }
+        for raw in [
+            "2",
+            "GiB",
+            "2GB",
+            "2.5GiB",
+            "-1GiB",
+            "",
+            "99999999999999999999GiB",
+        ] {
+            let e = parse_memory_mib("--memory", raw).unwrap_err();
+            assert_eq!(
+                e.to_string(),
+                format!("--memory {raw:?} is not a memory size like 2GiB or 2048MiB")
+            );
+        }
+        let e = parse_memory_mib("--memory", "0GiB").unwrap_err();
+        assert_eq!(e.to_string(), "--memory 0 must be positive");
     }
 }

@@ -13,7 +13,9 @@ use std::collections::{BTreeSet, HashMap};
 use serde::Serialize;
 
 pub use assignment::{ASSIGNMENT_ANNOTATION, ASSIGNMENT_VERSION, Assignment, GpuShare};
-pub use limits::{GpuQuantities, MemoryUnit, ResourceNames, validate_core_percent};
+pub use limits::{
+    GpuQuantities, MemoryUnit, ResourceNames, parse_memory_mib, validate_core_percent,
+};
 
 use crate::inventory::Inventory;
 
@@ -28,6 +30,8 @@ pub enum RequestError {
     NotAnInteger { field: String, value: String },
     #[error("{field} {value} must be positive")]
     NotPositive { field: String, value: i64 },
+    #[error("{field} {value:?} is not a memory size like 2GiB or 2048MiB")]
+    NotAMemorySize { field: String, value: String },
     #[error("{core_field} is requested without {memory_field}")]
     CoreWithoutMemory {
         core_field: String,
