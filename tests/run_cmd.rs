@@ -30,6 +30,23 @@ fn needs_root() -> bool {
     false
 }
 
+/// What a root test holds while it runs: the one-at-a-time lock and a state directory; `None`
+/// (the test skips) when not root.
+fn as_root() -> Option<(MutexGuard<'static, ()>, tempfile::TempDir)> {
+    if !needs_root() {
+        return None;
+    }
+    Some((one_at_a_time(), tempfile::tempdir().unwrap()))
+}
+
+/// `gpushare run --gpu-backend sim FLAGS -- sh -c SCRIPT`.
+fn run_sh(flags: &[&str], script: &str, state_dir: &Path) -> Output {
+    let mut args = vec!["--gpu-backend", "sim"];
+    args.extend(flags);
+    args.extend(["--", "sh", "-c", script]);
+    run(&args, state_dir)
+}
+
 fn run(args: &[&str], state_dir: &Path) -> Output {
     // The run's state (guardian list, sim directory) goes to a tempdir config.
     let config = state_dir.join("node.toml");
@@ -70,28 +87,13 @@ fn json(out: &Output) -> serde_json::Value {
 
 #[test]
 fn run_holds_a_busy_loop_to_30_percent_as_root() {
-    if !needs_root() {
+    let Some((_one, tmp)) = as_root() else {
         return;
-    }
-    let _one = one_at_a_time();
-    let tmp = tempfile::tempdir().unwrap();
+    };
     let before = run_cgroups();
-    let out = run(
-        &[
-            "--gpu-backend",
-            "sim",
-            "--gpu",
-            "0",
-            "--memory",
-            "1GiB",
-            "--core",
-            "30",
-            "--json",
-            "--",
-            "sh",
-            "-c",
-            BUSY_6S,
-        ],
+    let out = run_sh(
+        &["--gpu", "0", "--memory", "1GiB", "--core", "30", "--json"],
+        BUSY_6S,
         tmp.path(),
     );
     assert_eq!(out.status.code(), Some(0));
@@ -125,45 +127,20 @@ fn run_holds_a_busy_loop_to_30_percent_as_root() {
 
 #[test]
 fn run_passes_the_exit_status_through_as_root() {
-    if !needs_root() {
+    let Some((_one, tmp)) = as_root() else {
         return;
-    }
-    let _one = one_at_a_time();
-    let tmp = tempfile::tempdir().unwrap();
+    };
     let before = run_cgroups();
-    let out = run(
-        &[
-            "--gpu-backend",
-            "sim",
-            "--gpu",
-            "1",
-            "--memory",
-            "512MiB",
-            "--json",
-            "--",
-            "sh",
-            "-c",
-            "exit 3",
-        ],
+    let out = run_sh(
+        &["--gpu", "1", "--memory", "512MiB", "--json"],
+        "exit 3",
         tmp.path(),
     );
     assert_eq!(out.status.code(), Some(3));
     assert_eq!(json(&out)["exit_status"], 3);
-    let out = run(
-        &[
-            "--gpu-backend",
-            "sim",
-            "--gpu",
-            "0",
-            "--memory",
-            "1GiB",
-            "--core",
-            "50",
-            "--",
-            "sh",
-            "-c",
-            "kill -TERM $$",
-        ],
+    let out = run_sh(
+        &["--gpu", "0", "--memory", "1GiB", "--core", "50"],
+        "kill -TERM $$",
         tmp.path(),
     );
     assert_eq!(out.status.code(), Some(128 + 15));
@@ -181,15 +158,11 @@ fn run_passes_the_exit_status_through_as_root() {
 
 #[test]
 fn run_falls_back_to_signals_without_a_cgroup_as_root() {
-    if !needs_root() {
+    let Some((_one, tmp)) = as_root() else {
         return;
-    }
-    let _one = one_at_a_time();
-    let tmp = tempfile::tempdir().unwrap();
-    let out = run(
+    };
+    let out = run_sh(
         &[
-            "--gpu-backend",
-            "sim",
             "--cgroup-root",
             "/nonexistent-cgroupfs",
             "--gpu",
@@ -199,11 +172,8 @@ fn run_falls_back_to_signals_without_a_cgroup_as_root() {
             "--core",
             "30",
             "--json",
-            "--",
-            "sh",
-            "-c",
-            "sleep 1; exit 4",
         ],
+        "sleep 1; exit 4",
         tmp.path(),
     );
     assert_eq!(out.status.code(), Some(4));
@@ -237,15 +207,14 @@ fn bad_flags_are_refused_before_anything_is_created() {
             "--memory \"2GB\" is not a memory size like 2GiB or 2048MiB",
         ),
     ] {
-        let mut full = vec!["--gpu-backend", "sim"];
+        let mut full = vec![];
         for (flag, default) in [("--gpu", "0"), ("--memory", "1GiB"), ("--core", "30")] {
             if !args.contains(&flag) {
                 full.extend([flag, default]);
             }
         }
         full.extend(args);
-        full.extend(["--", "sh", "-c", "echo ran"]);
-        let out = run(&full, tmp.path());
+        let out = run_sh(&full, "echo ran", tmp.path());
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(
             matches!(out.status.code(), Some(1 | 2)),

@@ -185,19 +185,32 @@ fn counted_free(kind: Kind, key: u64, free: impl FnOnce() -> CuResult) -> CuResu
     rc
 }
 
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CuDevicePtr, bytesize: usize) -> CuResult {
+/// A device-pointer allocation of `bytesize` bytes by `forward` (the real call): passed through
+/// uncounted when the out-pointer is null or nothing is asked for (the driver answers those),
+/// else counted on the current context's device.
+fn alloc_device_ptr(
+    dptr: *mut CuDevicePtr,
+    bytesize: usize,
+    forward: impl FnOnce() -> CuResult,
+) -> CuResult {
     if dptr.is_null() || bytesize == 0 {
-        return call_real!(R_MEM_ALLOC, fn(*mut CuDevicePtr, usize), dptr, bytesize);
+        return forward();
     }
     counted_alloc(
         Kind::DevicePtr,
         current_pos,
         bytesize as u64,
-        || call_real!(R_MEM_ALLOC, fn(*mut CuDevicePtr, usize), dptr, bytesize),
+        forward,
         // SAFETY: dptr is non-null and the driver wrote it on success.
         || unsafe { *dptr },
     )
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CuDevicePtr, bytesize: usize) -> CuResult {
+    alloc_device_ptr(dptr, bytesize, || {
+        call_real!(R_MEM_ALLOC, fn(*mut CuDevicePtr, usize), dptr, bytesize)
+    })
 }
 
 #[unsafe(no_mangle)]
@@ -206,31 +219,15 @@ pub unsafe extern "C" fn cuMemAllocManaged(
     bytesize: usize,
     flags: c_uint,
 ) -> CuResult {
-    if dptr.is_null() || bytesize == 0 {
-        return call_real!(
+    alloc_device_ptr(dptr, bytesize, || {
+        call_real!(
             R_MEM_ALLOC_MANAGED,
             fn(*mut CuDevicePtr, usize, c_uint),
             dptr,
             bytesize,
             flags
-        );
-    }
-    counted_alloc(
-        Kind::DevicePtr,
-        current_pos,
-        bytesize as u64,
-        || {
-            call_real!(
-                R_MEM_ALLOC_MANAGED,
-                fn(*mut CuDevicePtr, usize, c_uint),
-                dptr,
-                bytesize,
-                flags
-            )
-        },
-        // SAFETY: dptr is non-null and the driver wrote it on success.
-        || unsafe { *dptr },
-    )
+        )
+    })
 }
 
 fn alloc_async(
@@ -239,31 +236,15 @@ fn alloc_async(
     bytesize: usize,
     stream: CuStream,
 ) -> CuResult {
-    if dptr.is_null() || bytesize == 0 {
-        return call_real!(
+    alloc_device_ptr(dptr, bytesize, || {
+        call_real!(
             sym,
             fn(*mut CuDevicePtr, usize, CuStream),
             dptr,
             bytesize,
             stream
-        );
-    }
-    counted_alloc(
-        Kind::DevicePtr,
-        current_pos,
-        bytesize as u64,
-        || {
-            call_real!(
-                sym,
-                fn(*mut CuDevicePtr, usize, CuStream),
-                dptr,
-                bytesize,
-                stream
-            )
-        },
-        // SAFETY: dptr is non-null and the driver wrote it on success.
-        || unsafe { *dptr },
-    )
+        )
+    })
 }
 
 #[unsafe(no_mangle)]
@@ -291,33 +272,16 @@ fn alloc_from_pool(
     pool: CuMemPool,
     stream: CuStream,
 ) -> CuResult {
-    if dptr.is_null() || bytesize == 0 {
-        return call_real!(
+    alloc_device_ptr(dptr, bytesize, || {
+        call_real!(
             sym,
             fn(*mut CuDevicePtr, usize, CuMemPool, CuStream),
             dptr,
             bytesize,
             pool,
             stream
-        );
-    }
-    counted_alloc(
-        Kind::DevicePtr,
-        current_pos,
-        bytesize as u64,
-        || {
-            call_real!(
-                sym,
-                fn(*mut CuDevicePtr, usize, CuMemPool, CuStream),
-                dptr,
-                bytesize,
-                pool,
-                stream
-            )
-        },
-        // SAFETY: dptr is non-null and the driver wrote it on success.
-        || unsafe { *dptr },
-    )
+        )
+    })
 }
 
 #[unsafe(no_mangle)]

@@ -102,6 +102,22 @@ fn view(lim: &Limiter, pos: usize, real_total: u64, real_free: u64) -> (u64, u64
     (total, used, total.saturating_sub(used).min(real_free))
 }
 
+/// The container's view of `device`: `query` runs the real function and gives back what it
+/// carries besides (`extra`) with the device's real total and free. Returns `(extra, total,
+/// used, free)`, or the NVML status to return.
+fn container_view<T>(
+    device: NvmlDevice,
+    query: impl FnOnce() -> Result<(T, u64, u64), NvmlReturn>,
+) -> Result<(T, u64, u64, u64), NvmlReturn> {
+    let Some(lim) = limiter() else {
+        return Err(NVML_ERROR_NO_PERMISSION);
+    };
+    let (extra, real_total, real_free) = query()?;
+    let pos = device_pos(lim, device)?;
+    let (total, used, free) = view(lim, pos, real_total, real_free);
+    Ok((extra, total, used, free))
+}
+
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(
     device: NvmlDevice,
@@ -110,24 +126,23 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(
     if memory.is_null() {
         return NVML_ERROR_INVALID_ARGUMENT;
     }
-    let Some(lim) = limiter() else {
-        return NVML_ERROR_NO_PERMISSION;
-    };
-    let mut real = NvmlMemory::default();
-    let rc = call_real!(
-        R_NVML_MEMORY_INFO,
-        fn(NvmlDevice, *mut NvmlMemory),
-        device,
-        &mut real
-    );
-    if rc != NVML_SUCCESS {
-        return rc;
-    }
-    let pos = match device_pos(lim, device) {
-        Ok(p) => p,
+    let viewed = container_view(device, || {
+        let mut real = NvmlMemory::default();
+        let rc = call_real!(
+            R_NVML_MEMORY_INFO,
+            fn(NvmlDevice, *mut NvmlMemory),
+            device,
+            &mut real
+        );
+        if rc != NVML_SUCCESS {
+            return Err(rc);
+        }
+        Ok(((), real.total, real.free))
+    });
+    let ((), total, used, free) = match viewed {
+        Ok(v) => v,
         Err(rc) => return rc,
     };
-    let (total, used, free) = view(lim, pos, real.total, real.free);
     // SAFETY: memory is non-null (checked) and points at the caller's nvmlMemory_t.
     unsafe { memory.write(NvmlMemory { total, free, used }) };
     NVML_SUCCESS
@@ -141,29 +156,28 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
     if memory.is_null() {
         return NVML_ERROR_INVALID_ARGUMENT;
     }
-    let Some(lim) = limiter() else {
-        return NVML_ERROR_NO_PERMISSION;
-    };
-    // SAFETY: memory is non-null; the caller sets its version field before the call.
-    let version = unsafe { (*memory).version };
-    let mut real = NvmlMemoryV2 {
-        version,
-        ..Default::default()
-    };
-    let rc = call_real!(
-        R_NVML_MEMORY_INFO_V2,
-        fn(NvmlDevice, *mut NvmlMemoryV2),
-        device,
-        &mut real
-    );
-    if rc != NVML_SUCCESS {
-        return rc;
-    }
-    let pos = match device_pos(lim, device) {
-        Ok(p) => p,
+    let viewed = container_view(device, || {
+        // SAFETY: memory is non-null; the caller sets its version field before the call.
+        let version = unsafe { (*memory).version };
+        let mut real = NvmlMemoryV2 {
+            version,
+            ..Default::default()
+        };
+        let rc = call_real!(
+            R_NVML_MEMORY_INFO_V2,
+            fn(NvmlDevice, *mut NvmlMemoryV2),
+            device,
+            &mut real
+        );
+        if rc != NVML_SUCCESS {
+            return Err(rc);
+        }
+        Ok((version, real.total, real.free))
+    });
+    let (version, total, used, free) = match viewed {
+        Ok(v) => v,
         Err(rc) => return rc,
     };
-    let (total, used, free) = view(lim, pos, real.total, real.free);
     // SAFETY: memory is non-null (checked) and points at the caller's nvmlMemory_v2_t.
     unsafe {
         memory.write(NvmlMemoryV2 {

@@ -91,6 +91,22 @@ fn out<T>(p: *mut T, r: Result<T, CuResult>) -> CuResult {
     }
 }
 
+/// A device query: `NOT_INITIALIZED` before `cuInit`, `INVALID_DEVICE` for any device but 0,
+/// else `value` written to `p`.
+fn on_device<T>(p: *mut T, dev: c_int, value: T) -> CuResult {
+    if !INIT.load(SeqCst) {
+        return NOT_INITIALIZED;
+    }
+    out(
+        p,
+        if dev == 0 {
+            Ok(value)
+        } else {
+            Err(INVALID_DEVICE)
+        },
+    )
+}
+
 #[unsafe(no_mangle)]
 pub extern "C" fn gpushareFakeCudaUsedBytes() -> u64 {
     USED.load(SeqCst)
@@ -104,17 +120,7 @@ pub extern "C" fn cuInit(_flags: c_uint) -> CuResult {
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuDeviceGet(dev: *mut c_int, ordinal: c_int) -> CuResult {
-    if !INIT.load(SeqCst) {
-        return NOT_INITIALIZED;
-    }
-    out(
-        dev,
-        if ordinal == 0 {
-            Ok(0)
-        } else {
-            Err(INVALID_DEVICE)
-        },
-    )
+    on_device(dev, ordinal, 0)
 }
 
 #[unsafe(no_mangle)]
@@ -148,17 +154,7 @@ pub unsafe extern "C" fn cuCtxGetDevice(dev: *mut c_int) -> CuResult {
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuDeviceGetUuid(uuid: *mut [u8; 16], dev: c_int) -> CuResult {
-    if !INIT.load(SeqCst) {
-        return NOT_INITIALIZED;
-    }
-    out(
-        uuid,
-        if dev == 0 {
-            Ok(UUID)
-        } else {
-            Err(INVALID_DEVICE)
-        },
-    )
+    on_device(uuid, dev, UUID)
 }
 
 #[unsafe(no_mangle)]
@@ -167,56 +163,24 @@ pub unsafe extern "C" fn cuDeviceGetUuid_v2(uuid: *mut [u8; 16], dev: c_int) -> 
     unsafe { cuDeviceGetUuid(uuid, dev) }
 }
 
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut u64, size: usize) -> CuResult {
-    out(dptr, alloc(size as u64))
+/// The device-pointer allocations: each takes `size` bytes and writes the pointer to `dptr`;
+/// the arguments after the size (flags, stream, pool) make no difference here.
+macro_rules! device_ptr_allocs {
+    ($($name:ident($($arg:ident: $ty:ty),*);)*) => {$(
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(dptr: *mut u64, size: usize $(, $arg: $ty)*) -> CuResult {
+            out(dptr, alloc(size as u64))
+        }
+    )*};
 }
 
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemAllocManaged(
-    dptr: *mut u64,
-    size: usize,
-    _flags: c_uint,
-) -> CuResult {
-    out(dptr, alloc(size as u64))
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemAllocAsync(
-    dptr: *mut u64,
-    size: usize,
-    _stream: *mut c_void,
-) -> CuResult {
-    out(dptr, alloc(size as u64))
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemAllocAsync_ptsz(
-    dptr: *mut u64,
-    size: usize,
-    _stream: *mut c_void,
-) -> CuResult {
-    out(dptr, alloc(size as u64))
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemAllocFromPoolAsync(
-    dptr: *mut u64,
-    size: usize,
-    _pool: *mut c_void,
-    _stream: *mut c_void,
-) -> CuResult {
-    out(dptr, alloc(size as u64))
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemAllocFromPoolAsync_ptsz(
-    dptr: *mut u64,
-    size: usize,
-    _pool: *mut c_void,
-    _stream: *mut c_void,
-) -> CuResult {
-    out(dptr, alloc(size as u64))
+device_ptr_allocs! {
+    cuMemAlloc_v2();
+    cuMemAllocManaged(_flags: c_uint);
+    cuMemAllocAsync(_stream: *mut c_void);
+    cuMemAllocAsync_ptsz(_stream: *mut c_void);
+    cuMemAllocFromPoolAsync(_pool: *mut c_void, _stream: *mut c_void);
+    cuMemAllocFromPoolAsync_ptsz(_pool: *mut c_void, _stream: *mut c_void);
 }
 
 /// Rows are padded to 512 bytes, as drivers do.
@@ -345,17 +309,7 @@ pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) ->
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: c_int) -> CuResult {
-    if !INIT.load(SeqCst) {
-        return NOT_INITIALIZED;
-    }
-    out(
-        bytes,
-        if dev == 0 {
-            Ok(TOTAL as usize)
-        } else {
-            Err(INVALID_DEVICE)
-        },
-    )
+    on_device(bytes, dev, TOTAL as usize)
 }
 
 /// The exported entry point for an exact (already versioned) name, as the real driver's
@@ -432,13 +386,13 @@ fn proc_address(symbol: *const c_char, version: c_int, flags: u64) -> Option<*mu
 pub unsafe extern "C" fn cuGetProcAddress(
     symbol: *const c_char,
     pfn: *mut *mut c_void,
-    version: c_int,
+    cuda_version: c_int,
     flags: u64,
 ) -> CuResult {
     if pfn.is_null() {
         return INVALID_VALUE;
     }
-    let found = proc_address(symbol, version, flags);
+    let found = proc_address(symbol, cuda_version, flags);
     // SAFETY: checked non-null.
     unsafe { pfn.write(found.unwrap_or(std::ptr::null_mut())) };
     if found.is_some() { SUCCESS } else { NOT_FOUND }
@@ -448,15 +402,15 @@ pub unsafe extern "C" fn cuGetProcAddress(
 pub unsafe extern "C" fn cuGetProcAddress_v2(
     symbol: *const c_char,
     pfn: *mut *mut c_void,
-    version: c_int,
+    cuda_version: c_int,
     flags: u64,
-    status: *mut c_int,
+    symbol_status: *mut c_int,
 ) -> CuResult {
     // SAFETY: same contract.
-    let rc = unsafe { cuGetProcAddress(symbol, pfn, version, flags) };
-    if !status.is_null() {
+    let rc = unsafe { cuGetProcAddress(symbol, pfn, cuda_version, flags) };
+    if !symbol_status.is_null() {
         // SAFETY: checked non-null. 0 = found, 1 = symbol not found.
-        unsafe { status.write(if rc == SUCCESS { 0 } else { 1 }) };
+        unsafe { symbol_status.write(if rc == SUCCESS { 0 } else { 1 }) };
     }
     rc
 }

@@ -39,6 +39,16 @@ fn check(dev: *mut c_void) -> Result<(), NvmlReturn> {
     Ok(())
 }
 
+/// Writes `value` to the caller's out-parameter: `INVALID_ARGUMENT` when it is null.
+fn write_out<T>(p: *mut T, value: T) -> NvmlReturn {
+    if p.is_null() {
+        return INVALID_ARGUMENT;
+    }
+    // SAFETY: checked non-null.
+    unsafe { p.write(value) };
+    SUCCESS
+}
+
 #[unsafe(no_mangle)]
 pub extern "C" fn nvmlInit_v2() -> NvmlReturn {
     INIT.store(true, SeqCst);
@@ -61,12 +71,7 @@ pub unsafe extern "C" fn nvmlDeviceGetCount_v2(count: *mut c_uint) -> NvmlReturn
     if !INIT.load(SeqCst) {
         return UNINITIALIZED;
     }
-    if count.is_null() {
-        return INVALID_ARGUMENT;
-    }
-    // SAFETY: checked non-null.
-    unsafe { count.write(1) };
-    SUCCESS
+    write_out(count, 1)
 }
 
 #[unsafe(no_mangle)]
@@ -77,12 +82,10 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex_v2(
     if !INIT.load(SeqCst) {
         return UNINITIALIZED;
     }
-    if dev.is_null() || index != 0 {
+    if index != 0 {
         return INVALID_ARGUMENT;
     }
-    // SAFETY: checked non-null.
-    unsafe { dev.write(device()) };
-    SUCCESS
+    write_out(dev, device())
 }
 
 #[unsafe(no_mangle)]
@@ -90,12 +93,7 @@ pub unsafe extern "C" fn nvmlDeviceGetIndex(dev: *mut c_void, index: *mut c_uint
     if let Err(rc) = check(dev) {
         return rc;
     }
-    if index.is_null() {
-        return INVALID_ARGUMENT;
-    }
-    // SAFETY: checked non-null.
-    unsafe { index.write(0) };
-    SUCCESS
+    write_out(index, 0)
 }
 
 #[unsafe(no_mangle)]
@@ -147,18 +145,14 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(
     if let Err(rc) = check(dev) {
         return rc;
     }
-    if memory.is_null() {
-        return INVALID_ARGUMENT;
-    }
-    // SAFETY: checked non-null.
-    unsafe {
-        memory.write(Memory {
+    write_out(
+        memory,
+        Memory {
             total: TOTAL,
             free: TOTAL - USED,
             used: USED,
-        })
-    };
-    SUCCESS
+        },
+    )
 }
 
 #[unsafe(no_mangle)]
