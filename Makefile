@@ -6,7 +6,7 @@ CARGO ?= cargo
 BIN := target/release/gpushare
 comma := ,
 
-.PHONY: all build demo test unit e2e e2e-k8s lint bench bench-throttle bench-pack bench-extender deps
+.PHONY: all build demo test unit e2e e2e-k8s lint bench bench-throttle bench-pack bench-extender deps gpu-check
 
 all: build
 
@@ -72,3 +72,9 @@ bench-pack: build
 	$(BIN) simulate --nodes $(OPENB)/openb_node_list_gpu_node.csv \
 		--pods $(subst $(eval) ,$(comma),$(foreach t,$(PACK_TRACES),$(OPENB)/openb_pod_list_$(t).csv)) \
 		--policy gpushare,fgd,bestfit,binpack,spread --seeds 10 --out target/bench/pack
+
+# The device check (issue 10): on a machine with an NVIDIA GPU, its driver and PyTorch, with
+# binaries built beforehand (make build); writes target/gpu-check/gpu-check.{json,log}. Never
+# part of make test.
+gpu-check:
+	bash bench/gpu_check.sh

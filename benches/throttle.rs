@@ -857,6 +857,7 @@ impl Bench {
             memory_action: MemoryAction::Report,
             cgroup_root: PathBuf::from(ROOT),
             state_dir: state.clone(),
+            context_allowance_mib: None,
         };
         let running = controller::start(
             &cfg,

@@ -218,6 +218,18 @@ impl NodeConfig {
         Ok(())
     }
 
+    /// The throttle section with the backend's defaults filled in (the memory backstop's
+    /// context allowance: 768 MiB per process with NVML, 0 for simulated GPUs).
+    pub fn throttle_config(&self) -> ThrottleConfig {
+        let mut t = self.throttle.clone();
+        t.context_allowance_mib
+            .get_or_insert(match self.gpu_backend {
+                GpuBackend::Nvml => 768,
+                GpuBackend::Sim => 0,
+            });
+        t
+    }
+
     /// Where simulated containers' declaration directories live.
     pub fn sim_dir(&self) -> PathBuf {
         self.throttle.state_dir.join("sim")

@@ -65,6 +65,11 @@ pub enum RunError {
     Wait { command: String, err: io::Error },
     #[error(transparent)]
     Cgroup(#[from] CgroupError),
+    #[error(
+        "limiter.library {} is not installed (give --limiter-library, or --no-limiter to run without the in-container limiter)",
+        path.display()
+    )]
+    LimiterLibrary { path: PathBuf },
 }
 
 /// The validated flags: one GPU, its memory quota and (optionally) its compute quota.
@@ -153,11 +158,102 @@ pub fn exit_status_code(status: ExitStatus) -> i32 {
     }
 }
 
-/// Where the in-container limiter will be injected into the command: `LD_PRELOAD=<limiter
-/// library>` and the path of the run's read-only limits file (`request`, written under
-/// `state_dir`) in its environment. A no-op until the limiter (issue 10 item 2) lands; the
-/// integrator wires it here and nowhere else.
-pub fn inject_limiter(_cmd: &mut Command, _request: &RunRequest, _state_dir: &Path) {}
+/// The limiter's view for the command, set up in the child between fork and exec: a private
+/// mount namespace in which the run's limits and region sit where the shipped library reads
+/// them (`/etc/gpushare/limits.json`, `/var/run/gpushare/region`); nothing else on the host
+/// sees them. Paths are computed before the fork.
+pub struct LimiterMounts {
+    /// `(source directory, target directory)` bind mounts.
+    binds: Vec<(CString, CString)>,
+}
+
+impl LimiterMounts {
+    /// In the child: unshare the mount namespace, keep our mounts private, bind. Only
+    /// async-signal-safe system calls.
+    ///
+    /// # Safety
+    /// Call only between fork and exec.
+    unsafe fn enter(&self) -> io::Result<()> {
+        // SAFETY: plain system calls on NUL-terminated paths built before the fork.
+        unsafe {
+            if libc::unshare(libc::CLONE_NEWNS) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            if libc::mount(
+                c"none".as_ptr(),
+                c"/".as_ptr(),
+                std::ptr::null(),
+                libc::MS_REC | libc::MS_PRIVATE,
+                std::ptr::null(),
+            ) != 0
+            {
+                return Err(io::Error::last_os_error());
+            }
+            for (source, target) in &self.binds {
+                if libc::mount(
+                    source.as_ptr(),
+                    target.as_ptr(),
+                    std::ptr::null(),
+                    libc::MS_BIND,
+                    std::ptr::null(),
+                ) != 0
+                {
+                    return Err(io::Error::last_os_error());
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Injects the in-container limiter into the command: `LD_PRELOAD=<library>` (the operator
+/// runs `gpushare run`, so its environment is trusted here, unlike a pod's) and the run's
+/// limits (`request` on `gpu`) and a fresh region under `state_dir`, mounted where the
+/// library reads them by [`LimiterMounts`].
+pub fn inject_limiter(
+    cmd: &mut Command,
+    library: &Path,
+    request: &RunRequest,
+    gpu: &gpushare_core::inventory::GpuInfo,
+    state_dir: &Path,
+) -> Result<LimiterMounts, RunError> {
+    use gpushare_core::limiter::{GpuLimit, LIMITS_PATH, LimitsFile, REGION_PATH, region_image};
+    if !library.is_file() {
+        return Err(RunError::LimiterLibrary {
+            path: library.to_path_buf(),
+        });
+    }
+    let limits = LimitsFile::new(vec![GpuLimit {
+        index: gpu.index,
+        uuid: gpu.uuid.clone(),
+        memory_limit_bytes: request.memory_mib << 20,
+    }]);
+    let mut binds = vec![];
+    for (target, content) in [
+        (LIMITS_PATH, limits.render().into_bytes()),
+        (REGION_PATH, region_image()),
+    ] {
+        let target = Path::new(target);
+        let (dir, file) = (
+            target.parent().expect("absolute path"),
+            target.file_name().expect("file path"),
+        );
+        let source = state_dir
+            .join("limiter")
+            .join(dir.strip_prefix("/").unwrap_or(dir));
+        let write = std::fs::create_dir_all(&source)
+            .and_then(|_| std::fs::write(source.join(file), &content))
+            .and_then(|_| std::fs::create_dir_all(dir));
+        write.map_err(|err| RunError::StateDir {
+            path: source.clone(),
+            err,
+        })?;
+        let c = |p: &Path| CString::new(p.as_os_str().as_bytes()).expect("paths have no NUL");
+        binds.push((c(&source), c(dir)));
+    }
+    cmd.env("LD_PRELOAD", library);
+    Ok(LimiterMounts { binds })
+}
 
 /// What is set up before the command starts; torn down by [`Prepared::cleanup`].
 struct Prepared {
@@ -297,7 +393,7 @@ pub fn run(
         .map(|a| a.to_string_lossy().into_owned())
         .collect();
     let name = format!("gpushare-run-{}", std::process::id());
-    let mut throttle = cfg.throttle.clone();
+    let mut throttle = cfg.throttle_config();
     throttle.policy = policy;
     // Our own state directory: never the agent's guardian list or sim directories.
     throttle.state_dir = cfg.throttle.state_dir.join(&name);
@@ -325,6 +421,7 @@ pub fn run(
         args,
         &name,
         guardian_exe,
+        cfg.limiter.enabled.then_some(cfg.limiter.library.as_path()),
     );
     prepared.cleanup();
     let (status, stats, run_seconds) = result?;
@@ -380,6 +477,7 @@ fn run_prepared(
     args: &[OsString],
     name: &str,
     guardian_exe: Option<&Path>,
+    limiter: Option<&Path>,
 ) -> Result<(ExitStatus, Observed, f64), RunError> {
     let command_name = program.to_string_lossy().into_owned();
     let sim_dir = SimSource::container_dir(&throttle.state_dir.join("sim"), name);
@@ -395,7 +493,16 @@ fn run_prepared(
         let ncpu = std::thread::available_parallelism().map_or(1, |n| n.get());
         pin = Some(gpushare_core::adjust::sim_cpu(request.gpu, ncpu));
     }
-    inject_limiter(&mut cmd, request, &throttle.state_dir);
+    let limiter = match limiter {
+        Some(library) => Some(inject_limiter(
+            &mut cmd,
+            library,
+            request,
+            info,
+            &throttle.state_dir,
+        )?),
+        None => None,
+    };
 
     let registry = Arc::new(Registry::new());
     let mode = match prepared.held_by {
@@ -421,8 +528,8 @@ fn run_prepared(
         .flat_map(ContainerCgroup::procs_files)
         .map(|p| CString::new(p.as_os_str().as_bytes()).expect("cgroupfs paths have no NUL"))
         .collect();
-    // SAFETY: the closure calls only async-signal-safe functions (sched_setaffinity, getpid,
-    // open, write, close) and does not allocate.
+    // SAFETY: the closure calls only async-signal-safe functions (sched_setaffinity, unshare,
+    // mount, getpid, open, write, close) and does not allocate.
     unsafe {
         cmd.pre_exec(move || {
             if let Some(cpu) = pin {
@@ -431,6 +538,9 @@ fn run_prepared(
                 if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
                     return Err(io::Error::last_os_error());
                 }
+            }
+            if let Some(mounts) = &limiter {
+                mounts.enter()?;
             }
             let mut buf = [0u8; 12];
             let len = decimal(libc::getpid() as u32, &mut buf);

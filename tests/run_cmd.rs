@@ -47,14 +47,24 @@ fn run_sh(flags: &[&str], script: &str, state_dir: &Path) -> Output {
     run(&args, state_dir)
 }
 
-fn run(args: &[&str], state_dir: &Path) -> Output {
-    // The run's state (guardian list, sim directory) goes to a tempdir config.
+/// The run's config: its state (guardian list, sim directory) in a tempdir, the limiter built
+/// by the workspace.
+fn write_config(state_dir: &Path) -> std::path::PathBuf {
     let config = state_dir.join("node.toml");
     std::fs::write(
         &config,
-        format!("[throttle]\nstate_dir = {:?}\n", state_dir.join("state")),
+        format!(
+            "[limiter]\nlibrary = {:?}\n[throttle]\nstate_dir = {:?}\n",
+            built("libgpushare_limiter.so"),
+            state_dir.join("state")
+        ),
     )
     .unwrap();
+    config
+}
+
+fn run(args: &[&str], state_dir: &Path) -> Output {
+    let config = write_config(state_dir);
     let mut cmd = Command::new(BIN);
     cmd.args(["run", "--config"]).arg(&config).args(args);
     let out = cmd.output().expect("run the gpushare binary");
@@ -65,6 +75,18 @@ fn run(args: &[&str], state_dir: &Path) -> Output {
         String::from_utf8_lossy(&out.stderr)
     );
     out
+}
+
+/// A file the workspace build put next to the gpushare binary (`cargo build --workspace`
+/// or `cargo test --workspace` builds the limiter, the fake driver and the probe).
+fn built(name: &str) -> std::path::PathBuf {
+    let p = Path::new(BIN).parent().unwrap().join(name);
+    assert!(
+        p.exists(),
+        "{} is not built: run `cargo test --workspace` (or `cargo build --workspace`)",
+        p.display()
+    );
+    p
 }
 
 /// `gpushare-run-*` cgroups in the v1 freezer and cpuacct hierarchies, or v2.
@@ -236,4 +258,61 @@ fn bad_flags_are_refused_before_anything_is_created() {
     assert_eq!(out.status.code(), Some(2));
     assert_eq!(run_cgroups(), before, "no run cgroup created");
     assert!(!tmp.path().join("state").exists(), "no state created");
+}
+
+/// The command gets the in-container limiter's view of its quota: the fake driver (on
+/// `LD_LIBRARY_PATH`, standing in for the NVIDIA driver) says 15 GiB, the command sees 2 GiB
+/// and cannot allocate past it.
+#[test]
+fn run_gives_the_command_the_limiter_view_as_root() {
+    let Some((_lock, tmp)) = as_root() else {
+        return;
+    };
+    let driver = tmp.path().join("driver");
+    std::fs::create_dir_all(&driver).unwrap();
+    std::fs::copy(built("libfake_cuda.so"), driver.join("libcuda.so.1")).unwrap();
+    let probe = built("gpu-probe");
+    let config = write_config(tmp.path());
+    let out = Command::new(BIN)
+        .args(["run", "--config"])
+        .arg(&config)
+        .args([
+            "--gpu-backend",
+            "sim",
+            "--gpu",
+            "0",
+            "--memory",
+            "2GiB",
+            "--",
+        ])
+        .arg(&probe)
+        .args(["dlopen", "init", "info", "alloc:1536", "alloc:1024"])
+        .env("LD_LIBRARY_PATH", &driver)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    eprintln!("{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{:?}", out.status);
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(
+        lines,
+        [
+            "init rc=0",
+            "info rc=0 free_mib=2048 total_mib=2048",
+            "alloc rc=0 id=0",
+            "alloc rc=2"
+        ]
+    );
+    assert!(run_cgroups().is_empty(), "{:?}", run_cgroups());
+    // Outside the run nothing changed: the fake driver alone says 15 GiB.
+    let out = Command::new(&probe)
+        .args(["dlopen", "init", "info"])
+        .env("LD_LIBRARY_PATH", &driver)
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("total_mib=15360"),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
 }

@@ -124,6 +124,7 @@ fn config(state: &Path, policy: ComputePolicy) -> ThrottleConfig {
         memory_action: MemoryAction::Kill,
         cgroup_root: PathBuf::from(ROOT),
         state_dir: state.to_path_buf(),
+        context_allowance_mib: None,
     }
 }
 

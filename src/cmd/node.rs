@@ -244,7 +244,7 @@ fn start_controller(
     }
     let exe = std::env::current_exe().context("cannot find our own executable for the guardian")?;
     let running = crate::throttle::controller::start(
-        &cfg.throttle,
+        &cfg.throttle_config(),
         node.registry.clone(),
         source,
         Some(&exe),

@@ -35,6 +35,13 @@ pub struct RunArgs {
     /// cgroupfs root (default: the config's, /sys/fs/cgroup).
     #[arg(long)]
     pub cgroup_root: Option<PathBuf>,
+    /// The in-container limiter library (default: the config's `[limiter] library`).
+    #[arg(long)]
+    pub limiter_library: Option<PathBuf>,
+    /// Run without the in-container limiter (CUDA sees the whole GPU's memory; only the
+    /// controller's memory action holds the quota).
+    #[arg(long)]
+    pub no_limiter: bool,
     /// Print the report as one JSON object.
     #[arg(long)]
     pub json: bool,
@@ -55,6 +62,10 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
     if let Some(root) = &args.cgroup_root {
         cfg.throttle.cgroup_root = root.clone();
     }
+    if let Some(lib) = &args.limiter_library {
+        cfg.limiter.library = lib.clone();
+    }
+    cfg.limiter.enabled &= !args.no_limiter;
     cfg.validate()?;
     let policy = args.policy.unwrap_or(cfg.throttle.policy);
     let backend = Backend::open(&cfg)

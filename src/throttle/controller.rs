@@ -86,6 +86,13 @@ pub struct ThrottleConfig {
     pub cgroup_root: PathBuf,
     /// Agent state (sim memory declarations, guardian list).
     pub state_dir: PathBuf,
+    /// MiB per process the memory backstop allows above the quota. NVML counts each
+    /// process's CUDA context (hundreds of MiB on large GPUs), which the in-container limiter
+    /// does not count, so without it a process the limiter kept inside its quota could be
+    /// killed. Unset: the backend's default (`NodeConfig::throttle_config`: 768 with NVML,
+    /// 0 with simulated GPUs, which have no contexts).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub context_allowance_mib: Option<u64>,
 }
 
 impl Default for ThrottleConfig {
@@ -97,6 +104,7 @@ impl Default for ThrottleConfig {
             memory_action: MemoryAction::Kill,
             cgroup_root: PathBuf::from("/sys/fs/cgroup"),
             state_dir: PathBuf::from("/run/gpushare"),
+            context_allowance_mib: None,
         }
     }
 }
@@ -484,7 +492,10 @@ impl Controller {
                     s.memory_used_bytes = *used;
                 }
             }
-            if *used <= limit {
+            let pids = sample.memory_pids.get(id).cloned().unwrap_or_default();
+            let allowance =
+                (self.cfg.context_allowance_mib.unwrap_or(0) * pids.len().max(1) as u64) << 20;
+            if *used <= limit.saturating_add(allowance) {
                 continue;
             }
             let rec = self.registry.get(id);
@@ -496,7 +507,6 @@ impl Controller {
                     )
                 })
                 .unwrap_or_default();
-            let pids = sample.memory_pids.get(id).cloned().unwrap_or_default();
             match self.cfg.memory_action {
                 MemoryAction::Kill => {
                     // A frozen process cannot die; let it run so SIGKILL lands.
@@ -1116,5 +1126,28 @@ mod tests {
             "0",
             "report only: nothing frozen"
         );
+    }
+
+    /// The backstop leaves room for what NVML counts and the limiter does not (contexts).
+    #[test]
+    fn memory_within_the_context_allowance_is_left_alone() {
+        let mut h = Harness::new(CgroupVersion::V2, &[A]);
+        h.ctl.cfg.memory_action = MemoryAction::Report;
+        h.ctl.cfg.context_allowance_mib = Some(512);
+        h.add("a", A, 0, None, 0.5);
+        h.source
+            .memory
+            .lock()
+            .unwrap()
+            .insert("a".into(), (1024 + 500) << 20);
+        h.periods(1);
+        assert_eq!(h.stats("a").unwrap().memory_actions, 0);
+        h.source
+            .memory
+            .lock()
+            .unwrap()
+            .insert("a".into(), (1024 + 513) << 20);
+        h.periods(1);
+        assert_eq!(h.stats("a").unwrap().memory_actions, 1);
     }
 }
