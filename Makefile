@@ -10,8 +10,16 @@ comma := ,
 
 all: build
 
-build:
-	$(CARGO) build --release --locked -p gpushare -p gpushare-limiter -p gpushare-fake-cuda -p gpushare-fake-nvml -p gpushare-gpu-probe
+# The limiter library is built with cargo-zigbuild against glibc $(LIMITER_GLIBC) (it is loaded
+# into users' CUDA images, some with old glibc) and checked to need at most GLIBC_2.31; it
+# lands beside the binary, where the harnesses and install/bootstrap-node.sh take it.
+TARGET_DIR := $(or $(CARGO_TARGET_DIR),target)
+LIMITER_GLIBC := 2.17
+build: deps
+	$(CARGO) build --release --locked -p gpushare -p gpushare-fake-cuda -p gpushare-fake-nvml -p gpushare-gpu-probe
+	$(CARGO) zigbuild --release --locked -p gpushare-limiter --target x86_64-unknown-linux-gnu.$(LIMITER_GLIBC)
+	install -m 0644 $(TARGET_DIR)/x86_64-unknown-linux-gnu/release/libgpushare_limiter.so $(TARGET_DIR)/release/
+	bash tests/glibc_baseline.sh $(TARGET_DIR)/release/libgpushare_limiter.so 2.31
 
 deps:
 	@bash tests/e2e/deps.sh

@@ -9,6 +9,8 @@ dpkg -s busybox-static >/dev/null 2>&1 || need+=(busybox-static)
 command -v jq >/dev/null || need+=(jq)
 command -v curl >/dev/null || need+=(curl)
 command -v go >/dev/null || need+=(golang-go)
+command -v objdump >/dev/null || need+=(binutils)
+command -v pip3 >/dev/null || need+=(python3-pip)
 # A font for the labels of the PNG plots (`gpushare simulate`).
 [[ -e /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ]] || need+=(fonts-dejavu-core)
 if ((${#need[@]})); then
@@ -20,4 +22,18 @@ if ((${#need[@]})); then
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq >/dev/null || true
     apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+
+# The shipped limiter library is linked against an old glibc (it is loaded into the CUDA
+# images people run, e.g. Ubuntu 20.04 with glibc 2.31): zig from PyPI as the linker,
+# through cargo-zigbuild from crates.io (`make build`).
+if ! python3 -c 'import ziglang' 2>/dev/null; then
+    echo "deps: installing zig (PyPI ziglang)" >&2
+    pip3 install --quiet --break-system-packages ziglang==0.17.1 ||
+        { echo "deps: cannot install ziglang from PyPI" >&2; exit 1; }
+fi
+if ! command -v cargo-zigbuild >/dev/null; then
+    echo "deps: installing cargo-zigbuild" >&2
+    cargo install --quiet --locked cargo-zigbuild@0.24.1 ||
+        { echo "deps: cannot install cargo-zigbuild" >&2; exit 1; }
 fi
