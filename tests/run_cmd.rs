@@ -77,16 +77,20 @@ fn run(args: &[&str], state_dir: &Path) -> Output {
     out
 }
 
-/// A file the workspace build put next to the gpushare binary (`cargo build --workspace`
-/// or `cargo test --workspace` builds the limiter, the fake driver and the probe).
+/// A file the workspace build put beside the gpushare binary (`cargo build --workspace`), or
+/// in its `deps/` (`cargo test --workspace` builds the limiter and the fake driver there
+/// without copying them up); the probe binaries are always beside it.
 fn built(name: &str) -> std::path::PathBuf {
-    let p = Path::new(BIN).parent().unwrap().join(name);
-    assert!(
-        p.exists(),
-        "{} is not built: run `cargo test --workspace` (or `cargo build --workspace`)",
-        p.display()
-    );
-    p
+    let dir = Path::new(BIN).parent().unwrap();
+    let found = [dir.join(name), dir.join("deps").join(name)]
+        .into_iter()
+        .find(|p| p.exists());
+    found.unwrap_or_else(|| {
+        panic!(
+            "{name} is not built in {}: run `cargo test --workspace` (or `cargo build --workspace`)",
+            dir.display()
+        )
+    })
 }
 
 /// `gpushare-run-*` cgroups in the v1 freezer and cpuacct hierarchies, or v2.
