@@ -81,6 +81,19 @@ pub struct RunRequest {
 }
 
 impl RunRequest {
+    /// What the command gets of GPU `info`, as a container's assignment would say it (for the
+    /// controller's registry and the limiter's limits).
+    pub fn assigned(&self, info: &gpushare_core::inventory::GpuInfo) -> AssignedGpu {
+        AssignedGpu {
+            index: info.index,
+            uuid: info.uuid.clone(),
+            minor: info.minor,
+            memory_mib: self.memory_mib,
+            gpu_memory_mib: info.memory_mib,
+            core_percent: self.core_percent,
+        }
+    }
+
     /// Checks `--gpu`, `--memory` and `--core` against `inventory`; errors name the flag and
     /// the value (`--core 33 is not a multiple of 5`).
     pub fn validate(
@@ -217,17 +230,15 @@ pub fn inject_limiter(
     gpu: &gpushare_core::inventory::GpuInfo,
     state_dir: &Path,
 ) -> Result<LimiterMounts, RunError> {
-    use gpushare_core::limiter::{GpuLimit, LIMITS_PATH, LimitsFile, REGION_PATH, region_image};
+    use gpushare_core::limiter::{LIMITS_PATH, REGION_PATH, region_image};
     if !library.is_file() {
         return Err(RunError::LimiterLibrary {
             path: library.to_path_buf(),
         });
     }
-    let limits = LimitsFile::new(vec![GpuLimit {
-        index: gpu.index,
-        uuid: gpu.uuid.clone(),
-        memory_limit_bytes: request.memory_mib << 20,
-    }]);
+    let limits = gpushare_core::adjust::limits_file(&gpushare_core::request::ContainerRequest {
+        gpus: vec![request.assigned(gpu)],
+    });
     let mut binds = vec![];
     for (target, content) in [
         (LIMITS_PATH, limits.render().into_bytes()),
@@ -584,14 +595,7 @@ fn run_prepared(
         cgroups_path: format!("/{name}"),
         pid: child.id(),
         state: ContainerState::Running,
-        gpus: vec![AssignedGpu {
-            index: info.index,
-            uuid: info.uuid.clone(),
-            minor: info.minor,
-            memory_mib: request.memory_mib,
-            gpu_memory_mib: info.memory_mib,
-            core_percent: request.core_percent,
-        }],
+        gpus: vec![request.assigned(info)],
     });
 
     let poll = Duration::from_millis(throttle.period_ms.max(10));

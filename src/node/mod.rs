@@ -11,7 +11,7 @@ use serde::Serialize;
 use std::path::PathBuf;
 
 use crate::config::{ConfigError, Enforcement, GpuBackend, NodeConfig};
-use crate::gpu::{Backend, BackendError, devices, sim};
+use crate::gpu::{Backend, devices, sim};
 use crate::nri::api::nri_api::{
     ConfigureRequest, Container, ContainerAdjustment, ContainerState as NriState, Event,
     PodSandbox, SynchronizeRequest,
@@ -254,8 +254,6 @@ pub enum NodeError {
     },
     #[error(transparent)]
     Devices(#[from] devices::DeviceError),
-    #[error(transparent)]
-    Backend(#[from] BackendError),
     #[error(
         "limiter.library {} is not installed (install libgpushare_limiter.so there, or set [limiter] enabled = false to opt this node out)",
         path.display()
