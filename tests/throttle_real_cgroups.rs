@@ -28,6 +28,11 @@ struct BusyCgroup {
 
 impl BusyCgroup {
     fn start(name: &str, core: usize) -> BusyCgroup {
+        Self::start_with(name, core, busy_process())
+    }
+
+    /// `child` (already running) in its own cgroup pinned to `core`.
+    fn start_with(name: &str, core: usize, child: Child) -> BusyCgroup {
         let rel = format!("gpushare-test-{}/{name}", std::process::id());
         for h in ["freezer", "cpuacct", "cpuset"] {
             let dir = Path::new(ROOT).join(h).join(&rel);
@@ -50,7 +55,6 @@ impl BusyCgroup {
                 std::fs::write(dir.join("cpuset.cpus"), core.to_string()).unwrap();
             }
         }
-        let child = busy_process();
         for h in ["cpuset", "cpuacct", "freezer"] {
             enter(&Path::new(ROOT).join(h).join(&rel), child.id());
         }
@@ -191,6 +195,38 @@ fn real_cgroup_quota_holds_alone() {
             achieved * 100.0
         );
     }
+}
+
+/// The quota escape of looking idle: a workload that sleeps 350 ms (long enough to be judged
+/// idle and left thawed), then spins for 300 ms, over and over — left alone it uses about
+/// 46 % of its core. Held to 10 %, over 60 s it gets 10 ± 2 %.
+#[test]
+fn real_cgroup_sleep_spin_stays_at_its_quota() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !require_root() {
+        return;
+    }
+    let state = tempfile::tempdir().unwrap();
+    let child = Command::new("sh")
+        .args([
+            "-c",
+            "while :; do sleep 0.35; timeout 0.3 sh -c 'while :; do :; done'; done",
+        ])
+        .stdin(std::process::Stdio::null())
+        .spawn()
+        .expect("spawn the sleep/spin workload");
+    let cg = BusyCgroup::start_with("sleepspin", 0, child);
+    let registry = Arc::new(Registry::new());
+    registry.upsert(cg.record("c", 0, Some(10), 1024));
+    let running = start(state.path(), ComputePolicy::Hard, registry);
+    std::thread::sleep(Duration::from_secs(2));
+    let s = shares(&[&cg], Duration::from_secs(60))[0];
+    running.stop();
+    eprintln!(
+        "sleep/spin at a 10% quota: {:.1}% of the core over 60 s",
+        s * 100.0
+    );
+    assert!(within(s, 0.10, 2.0), "sleep/spin got {:.1}%", s * 100.0);
 }
 
 #[test]

@@ -206,12 +206,10 @@ pub struct Controller {
     guardian_list: Option<PathBuf>,
     link: Arc<ControllerLink>,
     mode: FreezerMode,
-    /// Periods run so far (idle containers are sampled and swept only every few periods).
+    /// Periods run so far (idle containers are swept only every few periods).
     periods: u64,
 }
 
-/// Idle containers are sampled every this many periods (busy ones every period).
-const IDLE_SAMPLE_EVERY: u64 = 5;
 /// Idle containers' processes are swept into the throttled child every this many periods
 /// (busy ones every period, new ones on pickup).
 const SWEEP_EVERY: u64 = 10;
@@ -545,7 +543,8 @@ impl Controller {
         let loops = &self.loops;
         let idle = |id: &str, gpu: u32| loops.get(&gpu).is_some_and(|lp| lp.is_idle(id));
         // Busy containers are swept every period (a process started by `exec` is throttled
-        // from the next period on); idle ones, which are never frozen, less often.
+        // from the next period on); idle ones, which are not frozen, less often. Every
+        // container is sampled every period: what an idle one uses is charged to its debt.
         let sweep_all = n.is_multiple_of(SWEEP_EVERY) || self.handles.len() != before;
         for (id, h) in &self.handles {
             if h.throttled != h.cgroup && (sweep_all || !idle(id, h.gpu)) {
@@ -555,7 +554,6 @@ impl Controller {
         let tracked: Vec<Tracked<'_>> = self
             .handles
             .iter()
-            .filter(|(id, h)| n.is_multiple_of(IDLE_SAMPLE_EVERY) || !idle(id, h.gpu))
             .map(|(id, h)| Tracked {
                 id,
                 gpu: h.gpu,
@@ -1024,7 +1022,7 @@ mod tests {
     }
 
     #[test]
-    fn idle_container_is_left_thawed_sampled_and_swept_less_often() {
+    fn idle_container_is_left_thawed_sampled_every_period_and_swept_less_often() {
         let (frozen, thawed) = states(CgroupVersion::V1);
         let mut h = Harness::new(CgroupVersion::V1, &[A]);
         h.add("a", A, 0, Some(30), 0.0);
@@ -1041,8 +1039,8 @@ mod tests {
         h.periods(1);
         assert_eq!(h.child_freezer(A), thawed, "idle: left thawed");
         assert_eq!(h.stats("a").unwrap().freezes, 2);
-        // Periods 0-2 sampled it; idle, it is sampled every IDLE_SAMPLE_EVERY periods
-        // and swept every SWEEP_EVERY periods.
+        // Idle, it is still sampled every period (what it uses is charged to its debt)
+        // but swept only every SWEEP_EVERY periods.
         put(&procs, "22\n");
         h.periods(7);
         let asked: Vec<usize> = h
@@ -1053,12 +1051,33 @@ mod tests {
             .iter()
             .map(Vec::len)
             .collect();
-        assert_eq!(asked, [1, 1, 1, 0, 0, 1, 0, 0, 0, 0]);
+        assert_eq!(asked, [1; 10]);
         assert_eq!(get(&child_procs), "11", "not swept since period 0");
         h.periods(1);
         assert_eq!(get(&child_procs), "22", "swept in period 10");
         assert_eq!(h.child_freezer(A), thawed);
         assert_eq!(h.stats("a").unwrap().freezes, 2);
+    }
+
+    #[test]
+    fn an_idle_container_that_wakes_up_pays_back_what_it_took() {
+        let (frozen, thawed) = states(CgroupVersion::V1);
+        let mut h = Harness::new(CgroupVersion::V1, &[A]);
+        h.add("a", A, 0, Some(10), 0.0);
+        h.periods(4);
+        assert_eq!(h.child_freezer(A), thawed, "idle: left thawed");
+        // Unthrottled, it took the whole GPU for a period: it is frozen for the whole of
+        // the next periods until that is paid back (0.9 periods of debt at 10 % a period),
+        // not merely put back on its 10 % window.
+        h.source.share.lock().unwrap().insert("a".into(), 1.0);
+        h.periods(1);
+        assert_eq!(h.child_freezer(A), frozen);
+        h.source.share.lock().unwrap().insert("a".into(), 0.0);
+        let freezes = h.stats("a").unwrap().freezes;
+        h.periods(4);
+        assert_eq!(h.child_freezer(A), frozen);
+        // Never thawed since (a 10 % window would thaw and freeze it every period).
+        assert_eq!(h.stats("a").unwrap().freezes, freezes);
     }
 
     #[test]
