@@ -5,6 +5,7 @@ pub mod cmd;
 pub mod config;
 pub mod deviceplugin;
 pub mod gpu;
+pub mod http;
 pub mod inspect;
 pub mod kubeclient;
 pub mod kubeobjects;

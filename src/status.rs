@@ -63,6 +63,7 @@ pub fn metrics(node: &Node) -> String {
     for (result, v) in [
         ("gpu", &s.creates_gpu),
         ("passthrough", &s.creates_passthrough),
+        ("neutralized", &s.creates_neutralized),
         ("refused", &s.creates_refused),
     ] {
         m.sample(&[("result", result)], v.load(Ordering::Relaxed));
@@ -202,7 +203,14 @@ pub async fn serve(addr: &str, node: Arc<Node>) -> std::io::Result<()> {
     serve_on(listener, node).await
 }
 
-/// Serves the endpoint on `listener` until the task is dropped.
+/// Serves the endpoint on `listener` until the task is dropped, within
+/// [`crate::http::Limits::default`] (128 connections, 10 s for headers, 30 s a request).
 pub async fn serve_on(listener: TcpListener, node: Arc<Node>) -> std::io::Result<()> {
-    axum::serve(listener, router(node)).await
+    crate::http::serve(
+        listener,
+        router(node),
+        crate::http::Limits::default(),
+        std::future::pending(),
+    )
+    .await
 }

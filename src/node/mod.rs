@@ -337,6 +337,8 @@ impl From<DecideError> for HandlerError {
 pub struct Stats {
     pub creates_gpu: AtomicU64,
     pub creates_passthrough: AtomicU64,
+    /// Containers granted no GPU whose GPU-selecting environment was neutralized.
+    pub creates_neutralized: AtomicU64,
     pub creates_refused: AtomicU64,
     pub syncs: AtomicU64,
     pub connected: AtomicBool,
@@ -576,6 +578,28 @@ impl Node {
     }
 }
 
+impl Node {
+    /// A container granted no GPU: passed through unchanged, unless its environment would
+    /// make a runtime that reads it (nvidia-container-runtime) give it GPUs.
+    fn no_gpu(&self, ctr: &Container) -> Option<ContainerAdjustment> {
+        match adjust::neutralize_non_gpu(&ctr.env) {
+            None => {
+                self.stats
+                    .creates_passthrough
+                    .fetch_add(1, Ordering::Relaxed);
+                None
+            }
+            Some(adj) => {
+                self.stats
+                    .creates_neutralized
+                    .fetch_add(1, Ordering::Relaxed);
+                tracing::info!(container = %ctr.name, id = %ctr.id, removed = ?adj.remove_env, "no GPU granted: NVIDIA_VISIBLE_DEVICES=void");
+                Some(convert::adjustment(&adj))
+            }
+        }
+    }
+}
+
 fn has_gpu_hint(pod: &PodSandbox, ctr: &Container) -> bool {
     pod.annotations.contains_key(request::ASSIGNMENT_ANNOTATION)
         || ctr
@@ -659,23 +683,16 @@ impl Handler for Node {
         ctr: &Container,
     ) -> Result<Option<ContainerAdjustment>, HandlerError> {
         if !has_gpu_hint(pod, ctr) {
-            self.stats
-                .creates_passthrough
-                .fetch_add(1, Ordering::Relaxed);
-            return Ok(None);
+            return Ok(self.no_gpu(ctr));
         }
         let span = tracing::info_span!("create", pod = %format!("{}/{}", pod.namespace, pod.name), container = %ctr.name, id = %ctr.id);
         let _g = span.enter();
         let started = Instant::now();
         let state = self.require_state()?;
         match self.decide(&state, pod, ctr) {
-            Ok(None) => {
-                self.stats
-                    .creates_passthrough
-                    .fetch_add(1, Ordering::Relaxed);
-                Ok(None)
-            }
-            Ok(Some((req, adj))) => {
+            Ok(None) => Ok(self.no_gpu(ctr)),
+            Ok(Some((req, mut adj))) => {
+                adjust::strip_foreign_selectors(&mut adj, &ctr.env);
                 let gpus: Vec<u32> = req.gpus.iter().map(|g| g.index).collect();
                 self.registry.upsert(Node::record(pod, ctr, req));
                 self.stats.creates_gpu.fetch_add(1, Ordering::Relaxed);

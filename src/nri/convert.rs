@@ -33,6 +33,11 @@ pub fn adjustment(adj: &Adjustment) -> ContainerAdjustment {
                 value: v.clone(),
                 ..Default::default()
             })
+            // NRI removes a variable whose key is marked with a leading '-'.
+            .chain(adj.remove_env.iter().map(|k| KeyValue {
+                key: format!("-{k}"),
+                ..Default::default()
+            }))
             .collect(),
         linux: Some(LinuxContainerAdjustment {
             devices,

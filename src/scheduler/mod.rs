@@ -64,7 +64,11 @@ pub async fn serve(
             }
         }
     });
-    axum::serve(listener, server::router(ext))
-        .with_graceful_shutdown(shutdown)
-        .await
+    crate::http::serve(
+        listener,
+        server::router(ext),
+        crate::http::Limits::default(),
+        shutdown,
+    )
+    .await
 }

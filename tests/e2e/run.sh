@@ -152,6 +152,19 @@ no_gpu_devices() { # CID
     ! in_ctr "$1" ls /dev | grep nvidia
 }
 
+no_env() { # CID NAME...: none of the variables is set in the container
+    local env
+    env=$(in_ctr "$1" env) || return 1
+    for n in "${@:2}"; do
+        if grep -q "^$n=" <<<"$env"; then
+            echo "$n is set"
+            return 1
+        fi
+    done
+}
+
+NVIDIA_ALL_ENV='{"envs":[{"key":"NVIDIA_VISIBLE_DEVICES","value":"all"},{"key":"NVIDIA_MIG_CONFIG_DEVICES","value":"all"},{"key":"NVIDIA_DRIVER_CAPABILITIES","value":"all"},{"key":"CUDA_MPS_PIPE_DIRECTORY","value":"/tmp/mps"}]}'
+
 no_gpu_env() { # CID
     ! in_ctr "$1" env | grep -E '^(NVIDIA_|GPUSHARE_|ALIYUN_COM_GPU)'
 }
@@ -259,8 +272,11 @@ for V in "${VERSIONS[@]}"; do
     e2e_require "$V: containerd starts" e2e_start_containerd "$V" "$root"
     e2e_require "$V: agent registers over $E2E_NRI_SOCK" start_agent
 
-    write_pod gpu1 "$(assignment 1 2048 30)" 2 30
+    # The image (or the pod) asks nvidia-container-runtime for every GPU; gpushare's grant wins.
+    write_pod gpu1 "$(assignment 1 2048 30)" 2 30 "" "$NVIDIA_ALL_ENV"
     check_gpu_pod gpu1 1 2048 30
+    e2e_check "$V: gpu1's own NVIDIA_MIG_CONFIG_DEVICES/CUDA_MPS_* are removed" no_env "$(e2e_crictl ps -q --label gpushare-e2e=gpu1 | head -1)" \
+        NVIDIA_MIG_CONFIG_DEVICES CUDA_MPS_PIPE_DIRECTORY
 
     write_pod plain "" "" ""
     if cid=$(run_pod plain); then
@@ -268,6 +284,16 @@ for V in "${VERSIONS[@]}"; do
         e2e_check "$V: pod without GPU requests gets no GPU env" no_gpu_env "$cid"
     else
         e2e_check "$V: pod without GPU requests created" false
+    fi
+    # A sidecar without a GPU whose image says NVIDIA_VISIBLE_DEVICES=all (issue 11.3).
+    write_pod sidecar "" "" "" "" "$NVIDIA_ALL_ENV"
+    if cid=$(run_pod sidecar); then
+        e2e_check "$V: no-GPU container with NVIDIA_VISIBLE_DEVICES=all gets void" env_is "$cid" NVIDIA_VISIBLE_DEVICES void
+        e2e_check "$V: … and its other NVIDIA_*/CUDA_MPS_* variables are removed" no_env "$cid" \
+            NVIDIA_MIG_CONFIG_DEVICES NVIDIA_DRIVER_CAPABILITIES CUDA_MPS_PIPE_DIRECTORY
+        e2e_check "$V: … and it sees no /dev/nvidia*" no_gpu_devices "$cid"
+    else
+        e2e_check "$V: no-GPU container with NVIDIA_VISIBLE_DEVICES=all created" false
     fi
 
     bad_inputs

@@ -12,6 +12,8 @@ use crate::request::{ContainerRequest, MemoryUnit};
 pub struct Adjustment {
     pub devices: Vec<DeviceNode>,
     pub env: Vec<(String, String)>,
+    /// Environment variables to remove from the container.
+    pub remove_env: Vec<String>,
     pub cdi_devices: Vec<String>,
     pub mounts: Vec<Mount>,
     /// CPU set to pin the container to (simulated GPUs).
@@ -41,6 +43,72 @@ impl Mount {
             ..Mount::rw(source, destination)
         }
     }
+}
+
+/// Variables with which an image or a pod selects GPUs from a runtime that reads the
+/// environment (nvidia-container-runtime, the GPU Operator's default): only gpushare sets
+/// them, from the kubelet's grant.
+pub const DEVICE_SELECTING_ENV: [&str; 4] = [
+    "NVIDIA_VISIBLE_DEVICES",
+    "NVIDIA_MIG_CONFIG_DEVICES",
+    "NVIDIA_MIG_MONITOR_DEVICES",
+    "NVIDIA_IMEX_CHANNELS",
+];
+
+fn env_key(kv: &str) -> &str {
+    kv.split_once('=').map_or(kv, |(k, _)| k)
+}
+
+/// For a container granted no GPU: the adjustment that keeps a runtime which reads the
+/// environment from giving it GPUs anyway — `NVIDIA_VISIBLE_DEVICES=void`, every other
+/// `NVIDIA_*` variable and every `CUDA_MPS_*` variable removed — or `None` when its
+/// environment (`KEY=VALUE` entries) has nothing such a runtime would act on. A CUDA image's
+/// `CUDA_VERSION` alone counts: nvidia-container-runtime gives such "legacy" images every GPU
+/// when `NVIDIA_VISIBLE_DEVICES` is unset.
+pub fn neutralize_non_gpu(env: &[String]) -> Option<Adjustment> {
+    let keys: Vec<&str> = env.iter().map(|kv| env_key(kv)).collect();
+    let acts = |k: &str| {
+        k.starts_with("NVIDIA_")
+            || k.starts_with("CUDA_MPS_")
+            || k == "CUDA_VERSION"
+            || k == "NVIDIA_REQUIRE_CUDA"
+    };
+    if !keys.iter().any(|k| acts(k)) {
+        return None;
+    }
+    let mut remove_env: Vec<String> = keys
+        .iter()
+        .filter(|k| {
+            (k.starts_with("NVIDIA_") || k.starts_with("CUDA_MPS_"))
+                && **k != "NVIDIA_VISIBLE_DEVICES"
+        })
+        .map(|k| k.to_string())
+        .collect();
+    remove_env.sort();
+    remove_env.dedup();
+    Some(Adjustment {
+        env: vec![("NVIDIA_VISIBLE_DEVICES".into(), "void".into())],
+        remove_env,
+        ..Adjustment::default()
+    })
+}
+
+/// For a GPU container: device-selecting variables other than the ones gpushare sets, and
+/// (unless the MPS backend sets them) `CUDA_MPS_*` variables, removed from `env`, so that
+/// an image's `NVIDIA_MIG_CONFIG_DEVICES=all` or a pod's `CUDA_MPS_PIPE_DIRECTORY` cannot
+/// reach beyond the grant.
+pub fn strip_foreign_selectors(adj: &mut Adjustment, env: &[String]) {
+    let set: std::collections::HashSet<&str> = adj.env.iter().map(|(k, _)| k.as_str()).collect();
+    let mut remove: Vec<String> = env
+        .iter()
+        .map(|kv| env_key(kv))
+        .filter(|k| !set.contains(k))
+        .filter(|k| DEVICE_SELECTING_ENV.contains(k) || k.starts_with("CUDA_MPS_"))
+        .map(str::to_string)
+        .collect();
+    remove.sort();
+    remove.dedup();
+    adj.remove_env.extend(remove);
 }
 
 /// Where MPS clients find the control daemon's pipes inside the container.
@@ -410,5 +478,67 @@ mod tests {
                 .filter(|p| p.trim_start_matches("/dev/nvidia").parse::<u32>().is_ok()).collect();
             prop_assert_eq!(got, want);
         }
+    }
+    #[test]
+    fn a_container_without_a_gpu_gets_no_gpu_from_its_environment() {
+        let env = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(neutralize_non_gpu(&env(&["PATH=/bin", "HOME=/"])), None);
+        let adj = neutralize_non_gpu(&env(&[
+            "PATH=/bin",
+            "NVIDIA_VISIBLE_DEVICES=all",
+            "NVIDIA_DRIVER_CAPABILITIES=compute,utility",
+            "NVIDIA_MIG_CONFIG_DEVICES=all",
+            "CUDA_MPS_PIPE_DIRECTORY=/tmp/mps",
+            "CUDA_VERSION=12.4.1",
+        ]))
+        .unwrap();
+        assert_eq!(
+            adj.env,
+            [("NVIDIA_VISIBLE_DEVICES".to_string(), "void".to_string())]
+        );
+        assert_eq!(
+            adj.remove_env,
+            [
+                "CUDA_MPS_PIPE_DIRECTORY",
+                "NVIDIA_DRIVER_CAPABILITIES",
+                "NVIDIA_MIG_CONFIG_DEVICES"
+            ]
+        );
+        assert!(adj.devices.is_empty() && adj.mounts.is_empty());
+        // A legacy CUDA image (CUDA_VERSION, no NVIDIA_VISIBLE_DEVICES) gets every GPU from
+        // nvidia-container-runtime: it is voided too.
+        let adj = neutralize_non_gpu(&env(&["CUDA_VERSION=11.8.0"])).unwrap();
+        assert_eq!(adj.env[0].1, "void");
+        assert!(adj.remove_env.is_empty());
+    }
+
+    #[test]
+    fn a_gpu_container_keeps_only_the_selectors_gpushare_sets() {
+        let req = ContainerRequest {
+            gpus: vec![grant(0, 2048, Some(30))],
+        };
+        let mut adj = build(&req, &devset(2), &OPTS).unwrap();
+        let env: Vec<String> = [
+            "NVIDIA_VISIBLE_DEVICES=all",
+            "NVIDIA_MIG_MONITOR_DEVICES=all",
+            "NVIDIA_DRIVER_CAPABILITIES=compute",
+            "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=100",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        strip_foreign_selectors(&mut adj, &env);
+        assert_eq!(
+            adj.remove_env,
+            [
+                "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE",
+                "NVIDIA_MIG_MONITOR_DEVICES"
+            ]
+        );
+        // The MPS backend sets its own CUDA_MPS_* variables: those stay.
+        let mut adj = build(&req, &devset(2), &OPTS).unwrap();
+        add_mps(&mut adj, &req, "/run/mps");
+        strip_foreign_selectors(&mut adj, &env);
+        assert_eq!(adj.remove_env, ["NVIDIA_MIG_MONITOR_DEVICES"]);
     }
 }

@@ -1,0 +1,166 @@
+//! Attacks on the HTTP server every endpoint of ours runs on (`gpushare::http`): a flood of
+//! idle connections, a request whose body never comes, and running out of file descriptors.
+//! The server must keep serving, close what it cannot afford, and never end.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::routing::{get, post};
+use std::sync::atomic::Ordering;
+
+use gpushare::http::{ACCEPT_ERRORS, Limits, serve};
+
+const LIMITS: Limits = Limits {
+    max_connections: 16,
+    header_timeout: Duration::from_secs(1),
+    request_timeout: Duration::from_secs(2),
+    connection_lifetime: Duration::from_secs(30),
+};
+
+fn router() -> Router {
+    Router::new()
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route(
+            "/echo",
+            post(|body: String| async move { format!("{} bytes\n", body.len()) }),
+        )
+}
+
+/// Starts the server on its own runtime thread; returns its address.
+fn start() -> SocketAddr {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            tx.send(listener.local_addr().unwrap()).unwrap();
+            serve(listener, router(), LIMITS, std::future::pending())
+                .await
+                .unwrap();
+            panic!("the server ended");
+        });
+    });
+    rx.recv().unwrap()
+}
+
+/// One request on a fresh connection: the status code, or None when the connection failed.
+fn request(addr: SocketAddr, raw: &str) -> Option<u16> {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    s.write_all(raw.as_bytes()).ok()?;
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    out.split_whitespace().nth(1)?.parse().ok()
+}
+
+fn healthz(addr: SocketAddr) -> Option<u16> {
+    request(
+        addr,
+        "GET /healthz HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n",
+    )
+}
+
+/// Retries `healthz` until it answers 200 or `within` passes.
+fn serves_within(addr: SocketAddr, within: Duration) -> Option<Duration> {
+    let t0 = Instant::now();
+    while t0.elapsed() < within {
+        if healthz(addr) == Some(200) {
+            return Some(t0.elapsed());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    None
+}
+
+/// Whether the server has closed `s` (EOF), without waiting.
+fn closed_by_server(mut s: &TcpStream) -> bool {
+    s.set_nonblocking(true).unwrap();
+    let mut b = [0u8; 1];
+    match s.read(&mut b) {
+        Ok(0) => true,
+        Err(e) => e.kind() == std::io::ErrorKind::ConnectionReset,
+        Ok(_) => false,
+    }
+}
+
+#[test]
+fn idle_flood_slow_body_and_fd_exhaustion() {
+    let addr = start();
+    assert_eq!(healthz(addr), Some(200));
+
+    // 1,000 idle connections: at most 16 are held, the rest closed at once, and the held
+    // ones are closed after the 1 s header deadline; the endpoint serves again meanwhile.
+    let t0 = Instant::now();
+    let idle: Vec<TcpStream> = (0..1000)
+        .filter_map(|_| TcpStream::connect_timeout(&addr, Duration::from_secs(1)).ok())
+        .collect();
+    eprintln!(
+        "{} idle connections opened in {:?}",
+        idle.len(),
+        t0.elapsed()
+    );
+    assert!(idle.len() >= 900, "only {} connections opened", idle.len());
+    std::thread::sleep(Duration::from_millis(300));
+    let held = idle.iter().filter(|s| !closed_by_server(s)).count();
+    eprintln!("after 300 ms the server holds {held} of them");
+    assert!(
+        held <= 16,
+        "the server holds {held} idle connections (cap 16)"
+    );
+    let took = serves_within(addr, Duration::from_secs(5))
+        .expect("the endpoint does not answer while 1,000 idle connections are open");
+    eprintln!("healthz answered {took:?} into the flood");
+    std::thread::sleep(Duration::from_millis(1200));
+    let held = idle.iter().filter(|s| !closed_by_server(s)).count();
+    assert_eq!(held, 0, "idle connections outlive the header deadline");
+    drop(idle);
+
+    // Headers, then a body that never comes: 408 after the 2 s request deadline.
+    let t0 = Instant::now();
+    let code = request(
+        addr,
+        "POST /echo HTTP/1.1\r\nhost: x\r\ncontent-length: 100\r\nconnection: close\r\n\r\nabc",
+    );
+    eprintln!("slow body: {code:?} after {:?}", t0.elapsed());
+    assert_eq!(code, Some(408));
+    assert!(t0.elapsed() < Duration::from_secs(4));
+
+    // Out of file descriptors: the accept loop survives EMFILE. Another process connects
+    // while this one has no descriptor left to accept with.
+    let mut connector = std::process::Command::new("bash")
+        .args([
+            "-c",
+            &format!(
+                "sleep 0.5; for i in $(seq 20); do exec {{fd}}<>/dev/tcp/127.0.0.1/{}; done; sleep 2",
+                addr.port()
+            ),
+        ])
+        .spawn()
+        .unwrap();
+    let errors_before = ACCEPT_ERRORS.load(Ordering::Relaxed);
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).unwrap();
+    let open = std::fs::read_dir("/proc/self/fd").unwrap().count() as u64;
+    setrlimit(Resource::RLIMIT_NOFILE, (open + 64).min(soft), hard).unwrap();
+    let mut hog = vec![];
+    while let Ok(f) = std::fs::File::open("/dev/null") {
+        hog.push(f);
+    }
+    std::thread::sleep(Duration::from_millis(1500));
+    drop(hog);
+    setrlimit(Resource::RLIMIT_NOFILE, soft, hard).unwrap();
+    let errors = ACCEPT_ERRORS.load(Ordering::Relaxed) - errors_before;
+    let _ = connector.wait();
+    eprintln!("{errors} accept errors while out of file descriptors");
+    assert!(errors > 0, "the test did not exhaust the descriptors");
+    assert!(
+        serves_within(addr, Duration::from_secs(5)).is_some(),
+        "the endpoint does not answer after running out of file descriptors"
+    );
+}
