@@ -26,13 +26,16 @@ fn profile_dir() -> PathBuf {
         .to_path_buf()
 }
 
-/// A built shared library: `target/<profile>/` if `cargo build` put it there, else `deps/`
-/// (where `cargo test` builds the dev-dependencies' cdylibs).
+/// A built shared library: `target/<profile>/` if `cargo build` put it there, or `deps/`
+/// (where `cargo test` builds the dev-dependencies' cdylibs), whichever is newer — a copy left
+/// by an earlier `cargo build` must not shadow the one this `cargo test` just rebuilt.
 fn built_lib(file: &str) -> PathBuf {
     let dir = profile_dir();
     [dir.join(file), dir.join("deps").join(file)]
         .into_iter()
-        .find(|p| p.exists())
+        .filter_map(|p| Some((std::fs::metadata(&p).ok()?.modified().ok()?, p)))
+        .max_by_key(|(modified, _)| *modified)
+        .map(|(_, p)| p)
         .unwrap_or_else(|| {
             panic!(
                 "{file} is not built under {} (run cargo build --workspace)",
