@@ -21,6 +21,7 @@ pub type CuDevice = c_int;
 pub type CuStream = *mut c_void;
 pub type CuMemPool = *mut c_void;
 pub type CuArray = *mut c_void;
+pub type CuMipmappedArray = *mut c_void;
 pub type CuMemHandle = u64;
 
 pub const CUDA_SUCCESS: CuResult = 0;
@@ -61,6 +62,8 @@ real!(R_MEM_RELEASE, c"cuMemRelease");
 real!(R_ARRAY_CREATE, c"cuArrayCreate_v2");
 real!(R_ARRAY_3D_CREATE, c"cuArray3DCreate_v2");
 real!(R_ARRAY_DESTROY, c"cuArrayDestroy");
+real!(R_MIPMAPPED_ARRAY_CREATE, c"cuMipmappedArrayCreate");
+real!(R_MIPMAPPED_ARRAY_DESTROY, c"cuMipmappedArrayDestroy");
 real!(R_MEM_GET_INFO, c"cuMemGetInfo_v2");
 real!(R_DEVICE_TOTAL_MEM, c"cuDeviceTotalMem_v2");
 real!(R_GET_PROC_ADDRESS, c"cuGetProcAddress");
@@ -475,22 +478,81 @@ pub struct Array3dDescriptor {
     pub flags: c_uint,
 }
 
-/// Bytes per channel of a `CUarray_format` (4 for formats we do not know: an estimate; the
-/// driver's own padding is not visible to us).
-fn format_bytes(format: c_uint) -> u64 {
-    match format {
-        0x01 | 0x08 => 1,        // UNSIGNED_INT8, SIGNED_INT8
-        0x02 | 0x09 | 0x10 => 2, // UNSIGNED_INT16, SIGNED_INT16, HALF
-        _ => 4,                  // UNSIGNED_INT32, SIGNED_INT32, FLOAT, others
-    }
+/// `CUDA_ARRAY3D_LAYERED`: depth counts layers.
+const ARRAY3D_LAYERED: c_uint = 0x01;
+/// `CUDA_ARRAY3D_CUBEMAP`: depth counts faces (6, or 6 × layers).
+const ARRAY3D_CUBEMAP: c_uint = 0x04;
+
+/// Bytes per element of a `CUarray_format` with `channels` channels. The `…X1/X2/X4` formats
+/// name their channel count and count at least that many. Formats we do not know
+/// (block-compressed, YUV, newer ones) count 4 bytes a channel: an estimate; the driver's own
+/// padding is not visible to us.
+fn element_bytes(format: c_uint, channels: c_uint) -> u64 {
+    let (size, named) = match format {
+        0x01 | 0x08 => (1, 1),        // UNSIGNED_INT8, SIGNED_INT8
+        0x02 | 0x09 | 0x10 => (2, 1), // UNSIGNED_INT16, SIGNED_INT16, HALF
+        0xc0 | 0xc6 => (1, 1),        // UNORM_INT8X1, SNORM_INT8X1
+        0xc1 | 0xc7 => (1, 2),        // UNORM_INT8X2, SNORM_INT8X2
+        0xc2 | 0xc8 => (1, 4),        // UNORM_INT8X4, SNORM_INT8X4
+        0xc3 | 0xc9 => (2, 1),        // UNORM_INT16X1, SNORM_INT16X1
+        0xc4 | 0xca => (2, 2),        // UNORM_INT16X2, SNORM_INT16X2
+        0xc5 | 0xcb => (2, 4),        // UNORM_INT16X4, SNORM_INT16X4
+        _ => (4, 1),                  // UNSIGNED_INT32, SIGNED_INT32, FLOAT, others
+    };
+    size * u64::from(channels.max(named))
 }
 
-fn array_bytes(width: usize, height: usize, depth: usize, format: c_uint, channels: c_uint) -> u64 {
-    [height, depth]
-        .iter()
-        .fold(width as u64, |acc, &d| acc.saturating_mul(d.max(1) as u64))
-        .saturating_mul(format_bytes(format))
-        .saturating_mul(u64::from(channels.max(1)))
+/// A `width × height × depth` array (a zero height or depth is one row or slice).
+fn array_bytes(width: u64, height: u64, depth: u64, format: c_uint, channels: c_uint) -> u64 {
+    width
+        .saturating_mul(height.max(1))
+        .saturating_mul(depth.max(1))
+        .saturating_mul(element_bytes(format, channels))
+}
+
+/// Every level of a mipmapped array: level `l` is `max(1, extent >> l)` in width, height and
+/// (for a 3D array) depth; a layered or cubemap array keeps its depth at every level, since
+/// depth counts its layers (faces) there. The level count is clamped as the driver clamps it,
+/// to `[1, 1 + floor(log2(max(width, height, depth)))]`.
+fn mipmapped_bytes(d: &Array3dDescriptor, levels: c_uint) -> u64 {
+    let (w, h, depth) = (d.width as u64, d.height as u64, d.depth as u64);
+    let most = u64::BITS - w.max(h).max(depth).max(1).leading_zeros();
+    let layers = d.flags & (ARRAY3D_LAYERED | ARRAY3D_CUBEMAP) != 0;
+    (0..levels.clamp(1, most)).fold(0u64, |sum, l| {
+        let level = |extent: u64| (extent >> l).max(1);
+        let level_depth = if layers { depth } else { level(depth) };
+        sum.saturating_add(array_bytes(
+            level(w),
+            level(h),
+            level_depth,
+            d.format,
+            d.num_channels,
+        ))
+    })
+}
+
+/// An array allocation of `bytes` (None: no descriptor) on the current context's device, keyed
+/// by the handle the driver writes to `handle`; passed through uncounted when either pointer
+/// is null (the driver answers those).
+fn alloc_array(
+    kind: Kind,
+    handle: *mut *mut c_void,
+    bytes: Option<u64>,
+    forward: impl FnOnce() -> CuResult,
+) -> CuResult {
+    let Some(bytes) = bytes.filter(|_| !handle.is_null()) else {
+        return forward();
+    };
+    counted_alloc(kind, current_pos, bytes, forward, || {
+        // SAFETY: handle is non-null and written by the driver on success.
+        unsafe { *handle as u64 }
+    })
+}
+
+/// The descriptor's size, None for a null descriptor.
+fn desc_bytes<D>(desc: *const D, bytes: impl FnOnce(&D) -> u64) -> Option<u64> {
+    // SAFETY: a non-null descriptor points at the caller's descriptor of this type.
+    unsafe { desc.as_ref() }.map(bytes)
 }
 
 #[unsafe(no_mangle)]
@@ -498,23 +560,16 @@ pub unsafe extern "C" fn cuArrayCreate_v2(
     array: *mut CuArray,
     desc: *const ArrayDescriptor,
 ) -> CuResult {
-    let forward = || {
+    let bytes = desc_bytes(desc, |d| {
+        array_bytes(d.width as u64, d.height as u64, 1, d.format, d.num_channels)
+    });
+    alloc_array(Kind::Array, array, bytes, || {
         call_real!(
             R_ARRAY_CREATE,
             fn(*mut CuArray, *const ArrayDescriptor),
             array,
             desc
         )
-    };
-    if array.is_null() || desc.is_null() {
-        return forward();
-    }
-    // SAFETY: desc is non-null and points at the caller's CUDA_ARRAY_DESCRIPTOR.
-    let d = unsafe { &*desc };
-    let bytes = array_bytes(d.width, d.height, 1, d.format, d.num_channels);
-    counted_alloc(Kind::Array, current_pos, bytes, forward, || {
-        // SAFETY: array is non-null and written by the driver on success.
-        unsafe { *array as u64 }
     })
 }
 
@@ -523,23 +578,17 @@ pub unsafe extern "C" fn cuArray3DCreate_v2(
     array: *mut CuArray,
     desc: *const Array3dDescriptor,
 ) -> CuResult {
-    let forward = || {
+    let bytes = desc_bytes(desc, |d| {
+        let (w, h, depth) = (d.width as u64, d.height as u64, d.depth as u64);
+        array_bytes(w, h, depth, d.format, d.num_channels)
+    });
+    alloc_array(Kind::Array, array, bytes, || {
         call_real!(
             R_ARRAY_3D_CREATE,
             fn(*mut CuArray, *const Array3dDescriptor),
             array,
             desc
         )
-    };
-    if array.is_null() || desc.is_null() {
-        return forward();
-    }
-    // SAFETY: desc is non-null and points at the caller's CUDA_ARRAY3D_DESCRIPTOR.
-    let d = unsafe { &*desc };
-    let bytes = array_bytes(d.width, d.height, d.depth, d.format, d.num_channels);
-    counted_alloc(Kind::Array, current_pos, bytes, forward, || {
-        // SAFETY: array is non-null and written by the driver on success.
-        unsafe { *array as u64 }
     })
 }
 
@@ -547,6 +596,32 @@ pub unsafe extern "C" fn cuArray3DCreate_v2(
 pub unsafe extern "C" fn cuArrayDestroy(array: CuArray) -> CuResult {
     counted_free(Kind::Array, array as u64, || {
         call_real!(R_ARRAY_DESTROY, fn(CuArray), array)
+    })
+}
+
+/// Mipmapped array: all its levels counted ([`mipmapped_bytes`]).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMipmappedArrayCreate(
+    handle: *mut CuMipmappedArray,
+    desc: *const Array3dDescriptor,
+    levels: c_uint,
+) -> CuResult {
+    let bytes = desc_bytes(desc, |d| mipmapped_bytes(d, levels));
+    alloc_array(Kind::MipmappedArray, handle, bytes, || {
+        call_real!(
+            R_MIPMAPPED_ARRAY_CREATE,
+            fn(*mut CuMipmappedArray, *const Array3dDescriptor, c_uint),
+            handle,
+            desc,
+            levels
+        )
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMipmappedArrayDestroy(handle: CuMipmappedArray) -> CuResult {
+    counted_free(Kind::MipmappedArray, handle as u64, || {
+        call_real!(R_MIPMAPPED_ARRAY_DESTROY, fn(CuMipmappedArray), handle)
     })
 }
 

@@ -31,7 +31,7 @@ macro_rules! hooks {
     };
 }
 
-static CUDA_HOOKS: [Hook; 19] = hooks![
+static CUDA_HOOKS: [Hook; 21] = hooks![
     R_MEM_ALLOC => cuMemAlloc_v2,
     R_MEM_ALLOC_PITCH => cuMemAllocPitch_v2,
     R_MEM_ALLOC_MANAGED => cuMemAllocManaged,
@@ -47,6 +47,8 @@ static CUDA_HOOKS: [Hook; 19] = hooks![
     R_ARRAY_CREATE => cuArrayCreate_v2,
     R_ARRAY_3D_CREATE => cuArray3DCreate_v2,
     R_ARRAY_DESTROY => cuArrayDestroy,
+    R_MIPMAPPED_ARRAY_CREATE => cuMipmappedArrayCreate,
+    R_MIPMAPPED_ARRAY_DESTROY => cuMipmappedArrayDestroy,
     R_MEM_GET_INFO => cuMemGetInfo_v2,
     R_DEVICE_TOTAL_MEM => cuDeviceTotalMem_v2,
     R_GET_PROC_ADDRESS => cuGetProcAddress,

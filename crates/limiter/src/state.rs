@@ -383,6 +383,7 @@ pub(crate) enum Kind {
     DevicePtr,
     VmmHandle,
     Array,
+    MipmappedArray,
 }
 
 #[derive(Clone, Copy, Debug)]

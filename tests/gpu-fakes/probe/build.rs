@@ -24,6 +24,8 @@ const SYMBOLS: &[&str] = &[
     "cuMemGetInfo_v2",
     "cuDeviceTotalMem_v2",
     "cuGetProcAddress",
+    "cuMipmappedArrayCreate",
+    "cuMipmappedArrayDestroy",
 ];
 
 fn main() {

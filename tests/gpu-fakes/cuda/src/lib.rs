@@ -260,6 +260,29 @@ fn array_size(width: usize, height: usize, depth: usize, format: c_uint, channel
     (width.max(1) * height.max(1) * depth.max(1)) as u64 * elem * u64::from(channels.max(1))
 }
 
+/// A mipmapped array's levels: each halves width, height and (unless the array is layered or a
+/// cubemap, whose depth counts layers) depth, down to 1; the level count is clamped to
+/// `1 + floor(log2(largest extent))`.
+fn mipmapped_size(
+    w: usize,
+    h: usize,
+    d: usize,
+    format: c_uint,
+    channels: c_uint,
+    flags: c_uint,
+    levels: c_uint,
+) -> u64 {
+    let largest = w.max(h).max(d).max(1);
+    let most = usize::BITS - largest.leading_zeros();
+    let layered = flags & (0x01 | 0x04) != 0;
+    (0..levels.clamp(1, most))
+        .map(|l| {
+            let depth = if layered { d } else { (d >> l).max(1) };
+            array_size((w >> l).max(1), (h >> l).max(1), depth, format, channels)
+        })
+        .sum()
+}
+
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuArrayCreate_v2(array: *mut u64, desc: *const [usize; 3]) -> CuResult {
     if desc.is_null() {
@@ -289,6 +312,28 @@ pub unsafe extern "C" fn cuArray3DCreate_v2(array: *mut u64, desc: *const [usize
 #[unsafe(no_mangle)]
 pub extern "C" fn cuArrayDestroy(array: u64) -> CuResult {
     free(array)
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMipmappedArrayCreate(
+    handle: *mut u64,
+    desc: *const [usize; 5],
+    levels: c_uint,
+) -> CuResult {
+    if desc.is_null() {
+        return INVALID_VALUE;
+    }
+    // SAFETY: desc points at a CUDA_ARRAY3D_DESCRIPTOR: width, height, depth, format and
+    // channels (two u32), flags.
+    let [w, h, d, fc, flags] = unsafe { desc.read() };
+    let (format, channels) = (fc as u32, (fc >> 32) as u32);
+    let size = mipmapped_size(w, h, d, format, channels, flags as u32, levels);
+    out(handle, alloc(size))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMipmappedArrayDestroy(handle: u64) -> CuResult {
+    free(handle)
 }
 
 #[unsafe(no_mangle)]
@@ -338,6 +383,8 @@ fn entry(name: &[u8]) -> Option<*mut c_void> {
         b"cuArrayCreate_v2" => cuArrayCreate_v2 as *mut c_void,
         b"cuArray3DCreate_v2" => cuArray3DCreate_v2 as *mut c_void,
         b"cuArrayDestroy" => cuArrayDestroy as *mut c_void,
+        b"cuMipmappedArrayCreate" => cuMipmappedArrayCreate as *mut c_void,
+        b"cuMipmappedArrayDestroy" => cuMipmappedArrayDestroy as *mut c_void,
         b"cuMemGetInfo_v2" => cuMemGetInfo_v2 as *mut c_void,
         b"cuDeviceTotalMem_v2" => cuDeviceTotalMem_v2 as *mut c_void,
         b"cuGetProcAddress" => cuGetProcAddress as *mut c_void,

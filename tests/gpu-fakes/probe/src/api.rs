@@ -3,8 +3,8 @@
 //! Each command-line argument after the mode is a step; each step prints one line
 //! (`<step> rc=<code> …`) so the tests can assert on exact values:
 //! `init`, `info`, `devtotal`, `alloc:MiB`, `managed:MiB`, `async:MiB`, `pool:MiB`,
-//! `pitch:WIDTH_BYTES:HEIGHT`, `vmm:MiB`, `vmm-host:MiB`, `array:W:H`, `array3d:W:H:D`
-//! (float, one channel), `free:N` (the N-th successful allocation, with its matching free),
+//! `pitch:WIDTH_BYTES:HEIGHT`, `vmm:MiB`, `vmm-host:MiB`, `array:W:H`, `array3d:W:H:D`,
+//! `mipmap:W:H:D:LEVELS[:FLAGS]` (float, one channel), `free:N` (the N-th successful allocation, with its matching free),
 //! `free-bogus`, `info-null`, `devtotal-null`, `driver-used`, `nvml`, `nvml-v2`, `nvml-null`,
 //! `smi`, `ready`, `wait` (blocks until a line or EOF on stdin), `sleep:MS`.
 
@@ -39,6 +39,8 @@ pub struct Cuda {
     pub array_destroy: unsafe extern "C" fn(u64) -> CuResult,
     pub get_info: unsafe extern "C" fn(*mut usize, *mut usize) -> CuResult,
     pub total_mem: unsafe extern "C" fn(*mut usize, c_int) -> CuResult,
+    pub mipmap_create: unsafe extern "C" fn(*mut u64, *const Array3dDesc, c_uint) -> CuResult,
+    pub mipmap_destroy: unsafe extern "C" fn(u64) -> CuResult,
 }
 
 /// `CUmemAllocationProp`.
@@ -111,7 +113,9 @@ impl Cuda {
                 array3d_create = c"cuArray3DCreate",
                 array_destroy = c"cuArrayDestroy",
                 get_info = c"cuMemGetInfo",
-                total_mem = c"cuDeviceTotalMem"
+                total_mem = c"cuDeviceTotalMem",
+                mipmap_create = c"cuMipmappedArrayCreate",
+                mipmap_destroy = c"cuMipmappedArrayDestroy",
             )
         } else {
             resolve_all!(
@@ -132,7 +136,9 @@ impl Cuda {
                 array3d_create = c"cuArray3DCreate_v2",
                 array_destroy = c"cuArrayDestroy",
                 get_info = c"cuMemGetInfo_v2",
-                total_mem = c"cuDeviceTotalMem_v2"
+                total_mem = c"cuDeviceTotalMem_v2",
+                mipmap_create = c"cuMipmappedArrayCreate",
+                mipmap_destroy = c"cuMipmappedArrayDestroy",
             )
         }
     }
@@ -164,6 +170,7 @@ enum Held {
     Async(u64),
     Vmm(u64),
     Array(u64),
+    Mipmap(u64),
 }
 
 const MIB: usize = 1 << 20;
@@ -305,6 +312,25 @@ pub fn run(cuda: &Cuda, steps: &[String]) {
                 let rc = unsafe { (cuda.array3d_create)(&mut a, &d) };
                 hold(&mut held, rc, Held::Array(a), op)
             }
+            "mipmap" => {
+                let d = Array3dDesc {
+                    width: num(parts.next()),
+                    height: num(parts.next()),
+                    depth: num(parts.next()),
+                    format: 0x20,
+                    channels: 1,
+                    flags: 0,
+                };
+                let levels = num(parts.next()) as c_uint;
+                let d = Array3dDesc {
+                    flags: parts.next().map_or(0, |f| num(Some(f)) as c_uint),
+                    ..d
+                };
+                let mut m = 0u64;
+                // SAFETY: valid out-pointer and descriptor.
+                let rc = unsafe { (cuda.mipmap_create)(&mut m, &d, levels) };
+                hold(&mut held, rc, Held::Mipmap(m), op)
+            }
             "free" => {
                 let i = num(parts.next());
                 let h = *held
@@ -317,6 +343,7 @@ pub fn run(cuda: &Cuda, steps: &[String]) {
                         Held::Async(p) => (cuda.free_async)(p, std::ptr::null_mut()),
                         Held::Vmm(v) => (cuda.mem_release)(v),
                         Held::Array(a) => (cuda.array_destroy)(a),
+                        Held::Mipmap(m) => (cuda.mipmap_destroy)(m),
                     }
                 };
                 format!("free rc={rc}")

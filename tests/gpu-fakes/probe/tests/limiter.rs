@@ -286,6 +286,53 @@ fn every_allocation_path_is_counted_and_released() {
 }
 
 #[test]
+fn mipmapped_arrays_count_every_level_on_every_path() {
+    for mode in CUDA_MODES {
+        let c = Container::new(TWO_GIB);
+        assert_eq!(
+            c.run(
+                mode,
+                &[
+                    "init",
+                    // float, 1 channel; level l is max(1, extent >> l):
+                    "mipmap:4096:4096:8:2:1", // layered (depth = 8 layers): 512 + 128 MiB
+                    "mipmap:1024:1024:64:2",  // 3D: 256 + 32 MiB
+                    "mipmap:1024:1024:6:2:4", // cubemap (6 faces): 24 + 6 MiB
+                    "info",
+                    // 1024 + 256 MiB: level 0 alone would fit in the 1090 MiB left, both do not
+                    "mipmap:16384:16384:0:2",
+                    "driver-used",
+                    "mipmap:64:64:0:4294967295", // levels clamped to 7 (a few KiB)
+                    "free:0",
+                    "free:1",
+                    "free:2",
+                    "free:3",
+                    "info",
+                    "driver-used",
+                ]
+            ),
+            [
+                "init rc=0",
+                "mipmap rc=0 id=0",
+                "mipmap rc=0 id=1",
+                "mipmap rc=0 id=2",
+                "info rc=0 free_mib=1090 total_mib=2048",
+                "mipmap rc=2",
+                "driver-used mib=958",
+                "mipmap rc=0 id=3",
+                "free rc=0",
+                "free rc=0",
+                "free rc=0",
+                "free rc=0",
+                "info rc=0 free_mib=2048 total_mib=2048",
+                "driver-used mib=0",
+            ],
+            "mode {mode}"
+        );
+    }
+}
+
+#[test]
 fn two_processes_share_one_quota() {
     let c = Container::new(TWO_GIB);
     let mut first = c.hold("dlopen", &["init", "alloc:1536"]);

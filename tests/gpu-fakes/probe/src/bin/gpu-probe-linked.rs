@@ -45,6 +45,12 @@ unsafe extern "C" {
     fn cuArrayDestroy(array: u64) -> CuResult;
     fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CuResult;
     fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: c_int) -> CuResult;
+    fn cuMipmappedArrayCreate(
+        handle: *mut u64,
+        desc: *const Array3dDesc,
+        levels: c_uint,
+    ) -> CuResult;
+    fn cuMipmappedArrayDestroy(handle: u64) -> CuResult;
 }
 
 fn main() {
@@ -66,6 +72,8 @@ fn main() {
         array_destroy: cuArrayDestroy,
         get_info: cuMemGetInfo_v2,
         total_mem: cuDeviceTotalMem_v2,
+        mipmap_create: cuMipmappedArrayCreate,
+        mipmap_destroy: cuMipmappedArrayDestroy,
     };
     let steps: Vec<String> = std::env::args().skip(1).collect();
     api::run(&cuda, &steps);
