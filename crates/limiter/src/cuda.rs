@@ -5,6 +5,11 @@
 //! Which GPU an allocation lands on: the current context's device (`cuCtxGetDevice`), or the
 //! location a VMM allocation names. A CUDA device is matched to the limits file by UUID
 //! (`cuDeviceGetUuid`), falling back to its ordinal as a position in the file.
+//!
+//! The pre-3.2 entry points that old binaries still link (`cuMemAlloc`, `cuMemAllocPitch`,
+//! `cuMemFree`, `cuArrayCreate`, `cuArray3DCreate`, `cuMemGetInfo`, `cuDeviceTotalMem`: 32-bit
+//! sizes and `CUdeviceptr_v1`) are wrapped like their `_v2` successors and share their counts;
+//! their views saturate at 4 GiB − 1.
 
 use std::ffi::{c_char, c_int, c_uint, c_void};
 use std::sync::atomic::AtomicU8;
@@ -17,6 +22,8 @@ use crate::state::{self, Counted, Kind, Limiter, UNKNOWN_DEVICE_REPORTED, limite
 
 pub type CuResult = c_int;
 pub type CuDevicePtr = u64;
+/// `CUdeviceptr_v1`: the 32-bit device pointer of the pre-3.2 entry points.
+pub type CuDevicePtrV1 = c_uint;
 pub type CuDevice = c_int;
 pub type CuStream = *mut c_void;
 pub type CuMemPool = *mut c_void;
@@ -66,6 +73,15 @@ real!(R_MIPMAPPED_ARRAY_CREATE, c"cuMipmappedArrayCreate");
 real!(R_MIPMAPPED_ARRAY_DESTROY, c"cuMipmappedArrayDestroy");
 real!(R_MEM_GET_INFO, c"cuMemGetInfo_v2");
 real!(R_DEVICE_TOTAL_MEM, c"cuDeviceTotalMem_v2");
+// The pre-3.2 entry points (`unsigned int` sizes, 32-bit `CUdeviceptr_v1`) that drivers still
+// export for binaries built against them; `cuArrayDestroy` has only the one version.
+real!(R_MEM_ALLOC_V1, c"cuMemAlloc");
+real!(R_MEM_ALLOC_PITCH_V1, c"cuMemAllocPitch");
+real!(R_MEM_FREE_V1, c"cuMemFree");
+real!(R_ARRAY_CREATE_V1, c"cuArrayCreate");
+real!(R_ARRAY_3D_CREATE_V1, c"cuArray3DCreate");
+real!(R_MEM_GET_INFO_V1, c"cuMemGetInfo");
+real!(R_DEVICE_TOTAL_MEM_V1, c"cuDeviceTotalMem");
 real!(R_GET_PROC_ADDRESS, c"cuGetProcAddress");
 real!(R_GET_PROC_ADDRESS_V2, c"cuGetProcAddress_v2");
 
@@ -314,7 +330,52 @@ pub unsafe extern "C" fn cuMemAllocFromPoolAsync_ptsz(
 }
 
 /// Pitched allocation: the driver picks the pitch, so the estimate (width × height) is counted
-/// first and corrected to pitch × height after the call.
+/// first and corrected to pitch × height after the call. `written` reads the pointer and pitch
+/// the driver wrote; `undo` frees the allocation when the correction does not fit the quota.
+fn alloc_pitched(
+    estimate: u64,
+    height: u64,
+    forward: impl FnOnce() -> CuResult,
+    written: impl FnOnce() -> (CuDevicePtr, u64),
+    undo: impl FnOnce(CuDevicePtr),
+) -> CuResult {
+    let Some(lim) = limiter() else {
+        return CUDA_ERROR_NOT_PERMITTED;
+    };
+    let pos = match current_pos(lim) {
+        Ok(p) => p,
+        Err(rc) => return rc,
+    };
+    if !lim.reserve(pos, estimate) {
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    let rc = forward();
+    if rc != CUDA_SUCCESS {
+        lim.release(pos, estimate);
+        return rc;
+    }
+    let (ptr, pitch) = written();
+    let actual = pitch.saturating_mul(height);
+    if actual > estimate && !lim.reserve(pos, actual - estimate) {
+        lim.release(pos, estimate);
+        undo(ptr);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    if actual < estimate {
+        lim.release(pos, estimate - actual);
+    }
+    state::record(
+        lim,
+        Kind::DevicePtr,
+        ptr,
+        Counted {
+            pos,
+            bytes: actual.max(1),
+        },
+    );
+    CUDA_SUCCESS
+}
+
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemAllocPitch_v2(
     dptr: *mut CuDevicePtr,
@@ -340,48 +401,91 @@ pub unsafe extern "C" fn cuMemAllocPitch_v2(
     if dptr.is_null() || pitch.is_null() {
         return forward();
     }
-    let Some(lim) = limiter() else {
-        return CUDA_ERROR_NOT_PERMITTED;
-    };
-    let pos = match current_pos(lim) {
-        Ok(p) => p,
-        Err(rc) => return rc,
-    };
-    let estimate = estimate as u64;
-    if !lim.reserve(pos, estimate) {
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    }
-    let rc = forward();
-    if rc != CUDA_SUCCESS {
-        lim.release(pos, estimate);
-        return rc;
-    }
-    // SAFETY: both out-pointers are non-null and written by the driver on success.
-    let (ptr, actual) = unsafe { (*dptr, (*pitch as u64).saturating_mul(height as u64)) };
-    if actual > estimate && !lim.reserve(pos, actual - estimate) {
-        lim.release(pos, estimate);
-        call_real!(R_MEM_FREE, fn(CuDevicePtr), ptr);
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    }
-    if actual < estimate {
-        lim.release(pos, estimate - actual);
-    }
-    state::record(
-        lim,
-        Kind::DevicePtr,
-        ptr,
-        Counted {
-            pos,
-            bytes: actual.max(1),
+    alloc_pitched(
+        estimate as u64,
+        height as u64,
+        forward,
+        // SAFETY: both out-pointers are non-null and written by the driver on success.
+        || unsafe { (*dptr, *pitch as u64) },
+        |ptr| {
+            call_real!(R_MEM_FREE, fn(CuDevicePtr), ptr);
         },
-    );
-    CUDA_SUCCESS
+    )
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemFree_v2(dptr: CuDevicePtr) -> CuResult {
     counted_free(Kind::DevicePtr, dptr, || {
         call_real!(R_MEM_FREE, fn(CuDevicePtr), dptr)
+    })
+}
+
+/// Legacy `cuMemAlloc` (`CUdeviceptr_v1 *`, `unsigned int` size). Its pointer is counted under
+/// its zero-extended value, so either `cuMemFree` or `cuMemFree_v2` gives it back.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAlloc(dptr: *mut CuDevicePtrV1, bytesize: c_uint) -> CuResult {
+    let forward = || {
+        call_real!(
+            R_MEM_ALLOC_V1,
+            fn(*mut CuDevicePtrV1, c_uint),
+            dptr,
+            bytesize
+        )
+    };
+    if dptr.is_null() || bytesize == 0 {
+        return forward();
+    }
+    counted_alloc(
+        Kind::DevicePtr,
+        current_pos,
+        u64::from(bytesize),
+        forward,
+        // SAFETY: dptr is non-null and the driver wrote it on success.
+        || u64::from(unsafe { *dptr }),
+    )
+}
+
+/// Legacy `cuMemAllocPitch` (32-bit pointer, pitch and sizes).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAllocPitch(
+    dptr: *mut CuDevicePtrV1,
+    pitch: *mut c_uint,
+    width_bytes: c_uint,
+    height: c_uint,
+    element_size: c_uint,
+) -> CuResult {
+    let forward = || {
+        call_real!(
+            R_MEM_ALLOC_PITCH_V1,
+            fn(*mut CuDevicePtrV1, *mut c_uint, c_uint, c_uint, c_uint),
+            dptr,
+            pitch,
+            width_bytes,
+            height,
+            element_size
+        )
+    };
+    let estimate = u64::from(width_bytes) * u64::from(height);
+    if estimate == 0 || dptr.is_null() || pitch.is_null() {
+        return forward();
+    }
+    alloc_pitched(
+        estimate,
+        u64::from(height),
+        forward,
+        // SAFETY: both out-pointers are non-null and written by the driver on success.
+        || unsafe { (u64::from(*dptr), u64::from(*pitch)) },
+        |ptr| {
+            call_real!(R_MEM_FREE_V1, fn(CuDevicePtrV1), ptr as CuDevicePtrV1);
+        },
+    )
+}
+
+/// Legacy `cuMemFree` (32-bit pointer).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemFree(dptr: CuDevicePtrV1) -> CuResult {
+    counted_free(Kind::DevicePtr, u64::from(dptr), || {
+        call_real!(R_MEM_FREE_V1, fn(CuDevicePtrV1), dptr)
     })
 }
 
@@ -473,6 +577,26 @@ pub struct Array3dDescriptor {
     pub width: usize,
     pub height: usize,
     pub depth: usize,
+    pub format: c_uint,
+    pub num_channels: c_uint,
+    pub flags: c_uint,
+}
+
+/// `CUDA_ARRAY_DESCRIPTOR_v1` (legacy `cuArrayCreate`).
+#[repr(C)]
+pub struct ArrayDescriptorV1 {
+    pub width: c_uint,
+    pub height: c_uint,
+    pub format: c_uint,
+    pub num_channels: c_uint,
+}
+
+/// `CUDA_ARRAY3D_DESCRIPTOR_v1` (legacy `cuArray3DCreate`).
+#[repr(C)]
+pub struct Array3dDescriptorV1 {
+    pub width: c_uint,
+    pub height: c_uint,
+    pub depth: c_uint,
     pub format: c_uint,
     pub num_channels: c_uint,
     pub flags: c_uint,
@@ -592,6 +716,46 @@ pub unsafe extern "C" fn cuArray3DCreate_v2(
     })
 }
 
+/// Legacy `cuArrayCreate` (`CUDA_ARRAY_DESCRIPTOR_v1`: 32-bit extents).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuArrayCreate(
+    array: *mut CuArray,
+    desc: *const ArrayDescriptorV1,
+) -> CuResult {
+    let bytes = desc_bytes(desc, |d| {
+        let (w, h) = (u64::from(d.width), u64::from(d.height));
+        array_bytes(w, h, 1, d.format, d.num_channels)
+    });
+    alloc_array(Kind::Array, array, bytes, || {
+        call_real!(
+            R_ARRAY_CREATE_V1,
+            fn(*mut CuArray, *const ArrayDescriptorV1),
+            array,
+            desc
+        )
+    })
+}
+
+/// Legacy `cuArray3DCreate` (`CUDA_ARRAY3D_DESCRIPTOR_v1`: 32-bit extents).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuArray3DCreate(
+    array: *mut CuArray,
+    desc: *const Array3dDescriptorV1,
+) -> CuResult {
+    let bytes = desc_bytes(desc, |d| {
+        let (w, h, depth) = (u64::from(d.width), u64::from(d.height), u64::from(d.depth));
+        array_bytes(w, h, depth, d.format, d.num_channels)
+    });
+    alloc_array(Kind::Array, array, bytes, || {
+        call_real!(
+            R_ARRAY_3D_CREATE_V1,
+            fn(*mut CuArray, *const Array3dDescriptorV1),
+            array,
+            desc
+        )
+    })
+}
+
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuArrayDestroy(array: CuArray) -> CuResult {
     counted_free(Kind::Array, array as u64, || {
@@ -625,20 +789,12 @@ pub unsafe extern "C" fn cuMipmappedArrayDestroy(handle: CuMipmappedArray) -> Cu
     })
 }
 
-/// The view: total = the quota (never more than the device has), free = quota − container
-/// usage (saturating; never more than the device has free).
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CuResult {
-    if free.is_null() || total.is_null() {
-        return CUDA_ERROR_INVALID_VALUE;
-    }
-    let Some(lim) = limiter() else {
-        return CUDA_ERROR_NOT_PERMITTED;
-    };
-    let pos = match current_pos(lim) {
-        Ok(p) => p,
-        Err(rc) => return rc,
-    };
+/// The view of the current context's device as (free, total): total = the quota (never more
+/// than the device has), free = quota − container usage (saturating; never more than the
+/// device has free).
+fn view_info() -> Result<(u64, u64), CuResult> {
+    let lim = limiter().ok_or(CUDA_ERROR_NOT_PERMITTED)?;
+    let pos = current_pos(lim)?;
     let (mut real_free, mut real_total) = (0usize, 0usize);
     let rc = call_real!(
         R_MEM_GET_INFO,
@@ -647,26 +803,16 @@ pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) ->
         &mut real_total
     );
     if rc != CUDA_SUCCESS {
-        return rc;
+        return Err(rc);
     }
     let limit = lim.limit(pos).min(real_total as u64);
     let left = limit.saturating_sub(lim.used(pos)).min(real_free as u64);
-    // SAFETY: both out-pointers were checked non-null.
-    unsafe {
-        *total = limit as usize;
-        *free = left as usize;
-    }
-    CUDA_SUCCESS
+    Ok((left, limit))
 }
 
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CuDevice) -> CuResult {
-    if bytes.is_null() {
-        return CUDA_ERROR_INVALID_VALUE;
-    }
-    let Some(lim) = limiter() else {
-        return CUDA_ERROR_NOT_PERMITTED;
-    };
+/// The view of device `dev`'s total: its quota, never more than the device has.
+fn view_total(dev: CuDevice) -> Result<u64, CuResult> {
+    let lim = limiter().ok_or(CUDA_ERROR_NOT_PERMITTED)?;
     let mut real_total = 0usize;
     let rc = call_real!(
         R_DEVICE_TOTAL_MEM,
@@ -675,15 +821,85 @@ pub unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CuDevice) -
         dev
     );
     if rc != CUDA_SUCCESS {
-        return rc;
+        return Err(rc);
     }
-    let pos = match device_pos(lim, dev) {
-        Ok(p) => p,
-        Err(rc) => return rc,
-    };
-    // SAFETY: checked non-null.
-    unsafe { *bytes = lim.limit(pos).min(real_total as u64) as usize };
-    CUDA_SUCCESS
+    let pos = device_pos(lim, dev)?;
+    Ok(lim.limit(pos).min(real_total as u64))
+}
+
+/// A byte count for a legacy `unsigned int` out-parameter: saturated at 4 GiB − 1 rather than
+/// wrapped (a wrapped total could read less than what is in use).
+fn saturate_u32(bytes: u64) -> c_uint {
+    c_uint::try_from(bytes).unwrap_or(c_uint::MAX)
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CuResult {
+    if free.is_null() || total.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    match view_info() {
+        Ok((left, limit)) => {
+            // SAFETY: both out-pointers were checked non-null.
+            unsafe {
+                *total = limit as usize;
+                *free = left as usize;
+            }
+            CUDA_SUCCESS
+        }
+        Err(rc) => rc,
+    }
+}
+
+/// Legacy `cuMemGetInfo` (`unsigned int` out-parameters): the same view, saturated. The real
+/// figures come from the driver's `cuMemGetInfo_v2`, which cannot wrap.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemGetInfo(free: *mut c_uint, total: *mut c_uint) -> CuResult {
+    if free.is_null() || total.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    match view_info() {
+        Ok((left, limit)) => {
+            // SAFETY: both out-pointers were checked non-null.
+            unsafe {
+                *total = saturate_u32(limit);
+                *free = saturate_u32(left);
+            }
+            CUDA_SUCCESS
+        }
+        Err(rc) => rc,
+    }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CuDevice) -> CuResult {
+    if bytes.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    match view_total(dev) {
+        Ok(total) => {
+            // SAFETY: checked non-null.
+            unsafe { *bytes = total as usize };
+            CUDA_SUCCESS
+        }
+        Err(rc) => rc,
+    }
+}
+
+/// Legacy `cuDeviceTotalMem` (`unsigned int` out-parameter): the same view, saturated.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDeviceTotalMem(bytes: *mut c_uint, dev: CuDevice) -> CuResult {
+    if bytes.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    match view_total(dev) {
+        Ok(total) => {
+            // SAFETY: checked non-null.
+            unsafe { *bytes = saturate_u32(total) };
+            CUDA_SUCCESS
+        }
+        Err(rc) => rc,
+    }
 }
 
 /// `CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM`.
@@ -692,7 +908,8 @@ const PER_THREAD_DEFAULT_STREAM: u64 = 1 << 1;
 /// Replaces what the real `cuGetProcAddress` found with our wrapper of the same function.
 ///
 /// The match is by address: whichever versioned variant the driver chose for the requested
-/// name, version and flags (`cuMemAlloc` at 3020+ → `cuMemAlloc_v2`, `_ptsz` variants,
+/// name, version and flags (`cuMemAlloc` below 3020 → the legacy `cuMemAlloc`, at 3020+ →
+/// `cuMemAlloc_v2`, `_ptsz` variants,
 /// `cuGetProcAddress` at 12000+ → `_v2`), the wrapper handed back is the one for that exact
 /// variant, so the caller's ABI is kept. A driver that hands back an address we do not know
 /// keeps its own answer, except for the names below resolved by version.

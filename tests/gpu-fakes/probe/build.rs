@@ -26,6 +26,13 @@ const SYMBOLS: &[&str] = &[
     "cuGetProcAddress",
     "cuMipmappedArrayCreate",
     "cuMipmappedArrayDestroy",
+    "cuMemAlloc",
+    "cuMemAllocPitch",
+    "cuMemFree",
+    "cuArrayCreate",
+    "cuArray3DCreate",
+    "cuMemGetInfo",
+    "cuDeviceTotalMem",
 ];
 
 fn main() {

@@ -4,7 +4,9 @@
 //! `cuCtxCreate_v2`, `cuCtxGetDevice`, `cuDeviceGetUuid`). Like the real driver it refuses
 //! calls before `cuInit` (`CUDA_ERROR_NOT_INITIALIZED`) or without a context
 //! (`CUDA_ERROR_INVALID_CONTEXT`), and `cuGetProcAddress` picks versioned variants itself
-//! (`_v2` from 3020, `_ptsz` with the per-thread flag, `cuGetProcAddress_v2` from 12000).
+//! (`_v2` from 3020 and the legacy 32-bit entry point below, `_ptsz` with the per-thread
+//! flag, `cuGetProcAddress_v2` from 12000). Legacy allocations get addresses below 4 GiB (a
+//! `CUdeviceptr_v1` is 32 bits); the legacy views saturate at 4 GiB − 1.
 //! `gpushareFakeCudaUsedBytes` tells a test what the "driver" holds.
 
 #![allow(non_snake_case, clippy::missing_safety_doc)]
@@ -36,6 +38,8 @@ static INIT: AtomicBool = AtomicBool::new(false);
 static CONTEXT: AtomicBool = AtomicBool::new(false);
 static USED: AtomicU64 = AtomicU64::new(0);
 static NEXT: AtomicU64 = AtomicU64::new(0x7f00_0000_0000);
+/// Where the legacy (32-bit `CUdeviceptr_v1`) allocations are placed: below 4 GiB.
+static NEXT_V1: AtomicU64 = AtomicU64::new(0x1000_0000);
 static ALLOCS: Mutex<BTreeMap<u64, u64>> = Mutex::new(BTreeMap::new());
 
 fn ready() -> Result<(), CuResult> {
@@ -49,6 +53,17 @@ fn ready() -> Result<(), CuResult> {
 }
 
 fn alloc(size: u64) -> Result<u64, CuResult> {
+    alloc_at(&NEXT, u64::MAX, size)
+}
+
+/// A legacy allocation: its address fits a 32-bit `CUdeviceptr_v1`.
+fn alloc_v1(size: u64) -> Result<u32, CuResult> {
+    alloc_at(&NEXT_V1, u64::from(u32::MAX), size).map(|p| p as u32)
+}
+
+/// Takes `size` bytes of the GPU at the next 2 MiB-aligned address of `next`, refusing an
+/// address range past `end`.
+fn alloc_at(next: &AtomicU64, end: u64, size: u64) -> Result<u64, CuResult> {
     ready()?;
     if size == 0 {
         return Err(INVALID_VALUE);
@@ -61,7 +76,12 @@ fn alloc(size: u64) -> Result<u64, CuResult> {
     {
         return Err(OUT_OF_MEMORY);
     }
-    let handle = NEXT.fetch_add(size.div_ceil(1 << 21) << 21, SeqCst);
+    let span = size.div_ceil(1 << 21) << 21;
+    let handle = next.fetch_add(span, SeqCst);
+    if handle.checked_add(span).is_none_or(|e| e > end) {
+        USED.fetch_sub(size, SeqCst);
+        return Err(OUT_OF_MEMORY);
+    }
     ALLOCS.lock().unwrap().insert(handle, size);
     Ok(handle)
 }
@@ -209,6 +229,39 @@ pub extern "C" fn cuMemFree_v2(dptr: u64) -> CuResult {
     free(dptr)
 }
 
+/// Legacy (pre-3.2) `cuMemAlloc`: `unsigned int` size, 32-bit pointer.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAlloc(dptr: *mut u32, size: c_uint) -> CuResult {
+    out(dptr, alloc_v1(u64::from(size)))
+}
+
+/// Legacy `cuMemAllocPitch`: 32-bit pointer, pitch and sizes; rows padded to 512 bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAllocPitch(
+    dptr: *mut u32,
+    pitch: *mut c_uint,
+    width: c_uint,
+    height: c_uint,
+    _element: c_uint,
+) -> CuResult {
+    if pitch.is_null() {
+        return INVALID_VALUE;
+    }
+    let p = width.div_ceil(512) * 512;
+    let rc = out(dptr, alloc_v1(u64::from(p) * u64::from(height)));
+    if rc == SUCCESS {
+        // SAFETY: checked non-null.
+        unsafe { pitch.write(p) };
+    }
+    rc
+}
+
+/// Legacy `cuMemFree`: a 32-bit pointer.
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemFree(dptr: u32) -> CuResult {
+    free(u64::from(dptr))
+}
+
 #[unsafe(no_mangle)]
 pub extern "C" fn cuMemFreeAsync(dptr: u64, _stream: *mut c_void) -> CuResult {
     free(dptr)
@@ -309,6 +362,34 @@ pub unsafe extern "C" fn cuArray3DCreate_v2(array: *mut u64, desc: *const [usize
     )
 }
 
+/// Legacy `cuArrayCreate`: a `CUDA_ARRAY_DESCRIPTOR_v1` (four u32: width, height, format,
+/// channels).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuArrayCreate(array: *mut u64, desc: *const [u32; 4]) -> CuResult {
+    if desc.is_null() {
+        return INVALID_VALUE;
+    }
+    // SAFETY: desc points at a CUDA_ARRAY_DESCRIPTOR_v1.
+    let [w, h, format, channels] = unsafe { desc.read() };
+    out(
+        array,
+        alloc(array_size(w as usize, h as usize, 1, format, channels)),
+    )
+}
+
+/// Legacy `cuArray3DCreate`: a `CUDA_ARRAY3D_DESCRIPTOR_v1` (six u32: width, height, depth,
+/// format, channels, flags).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuArray3DCreate(array: *mut u64, desc: *const [u32; 6]) -> CuResult {
+    if desc.is_null() {
+        return INVALID_VALUE;
+    }
+    // SAFETY: desc points at a CUDA_ARRAY3D_DESCRIPTOR_v1.
+    let [w, h, d, format, channels, _] = unsafe { desc.read() };
+    let size = array_size(w as usize, h as usize, d as usize, format, channels);
+    out(array, alloc(size))
+}
+
 #[unsafe(no_mangle)]
 pub extern "C" fn cuArrayDestroy(array: u64) -> CuResult {
     free(array)
@@ -357,6 +438,34 @@ pub unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: c_int) -> C
     on_device(bytes, dev, TOTAL as usize)
 }
 
+/// The legacy views' `unsigned int`: this fake saturates at 4 GiB − 1 (15 GiB does not fit).
+fn u32_sat(bytes: u64) -> u32 {
+    u32::try_from(bytes).unwrap_or(u32::MAX)
+}
+
+/// Legacy `cuMemGetInfo`: `unsigned int` out-parameters.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemGetInfo(free: *mut u32, total: *mut u32) -> CuResult {
+    if let Err(rc) = ready() {
+        return rc;
+    }
+    if free.is_null() || total.is_null() {
+        return INVALID_VALUE;
+    }
+    // SAFETY: both checked non-null.
+    unsafe {
+        free.write(u32_sat(TOTAL - USED.load(SeqCst)));
+        total.write(u32_sat(TOTAL));
+    }
+    SUCCESS
+}
+
+/// Legacy `cuDeviceTotalMem`: an `unsigned int` out-parameter.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDeviceTotalMem(bytes: *mut u32, dev: c_int) -> CuResult {
+    on_device(bytes, dev, u32_sat(TOTAL))
+}
+
 /// The exported entry point for an exact (already versioned) name, as the real driver's
 /// internal table would give it.
 fn entry(name: &[u8]) -> Option<*mut c_void> {
@@ -387,6 +496,13 @@ fn entry(name: &[u8]) -> Option<*mut c_void> {
         b"cuMipmappedArrayDestroy" => cuMipmappedArrayDestroy as *mut c_void,
         b"cuMemGetInfo_v2" => cuMemGetInfo_v2 as *mut c_void,
         b"cuDeviceTotalMem_v2" => cuDeviceTotalMem_v2 as *mut c_void,
+        b"cuMemAlloc" => cuMemAlloc as *mut c_void,
+        b"cuMemAllocPitch" => cuMemAllocPitch as *mut c_void,
+        b"cuMemFree" => cuMemFree as *mut c_void,
+        b"cuArrayCreate" => cuArrayCreate as *mut c_void,
+        b"cuArray3DCreate" => cuArray3DCreate as *mut c_void,
+        b"cuMemGetInfo" => cuMemGetInfo as *mut c_void,
+        b"cuDeviceTotalMem" => cuDeviceTotalMem as *mut c_void,
         b"cuGetProcAddress" => cuGetProcAddress as *mut c_void,
         b"cuGetProcAddress_v2" => cuGetProcAddress_v2 as *mut c_void,
         _ => return None,
@@ -414,7 +530,7 @@ fn proc_address(symbol: *const c_char, version: c_int, flags: u64) -> Option<*mu
     let mut name = base.to_vec();
     if V2_FROM_3020.contains(&base) {
         if version < 3020 {
-            return None; // the v1 (32-bit) entry points are not simulated
+            return entry(base); // the legacy (32-bit) entry point, where simulated
         }
         name.extend_from_slice(b"_v2");
     } else if base == b"cuGetProcAddress" && version >= 12000 {

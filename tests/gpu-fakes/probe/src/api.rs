@@ -4,7 +4,9 @@
 //! (`<step> rc=<code> …`) so the tests can assert on exact values:
 //! `init`, `info`, `devtotal`, `alloc:MiB`, `managed:MiB`, `async:MiB`, `pool:MiB`,
 //! `pitch:WIDTH_BYTES:HEIGHT`, `vmm:MiB`, `vmm-host:MiB`, `array:W:H`, `array3d:W:H:D`,
-//! `mipmap:W:H:D:LEVELS[:FLAGS]` (float, one channel), `free:N` (the N-th successful allocation, with its matching free),
+//! `mipmap:W:H:D:LEVELS[:FLAGS]` (float, one channel), the legacy pre-3.2 entry points
+//! `alloc32:MiB`, `pitch32:WIDTH_BYTES:HEIGHT`, `array32:W:H`, `array3d32:W:H:D`, `info32`,
+//! `devtotal32`, `free:N` (the N-th successful allocation, with its matching free),
 //! `free-bogus`, `info-null`, `devtotal-null`, `driver-used`, `nvml`, `nvml-v2`, `nvml-null`,
 //! `smi`, `ready`, `wait` (blocks until a line or EOF on stdin), `sleep:MS`.
 
@@ -41,6 +43,21 @@ pub struct Cuda {
     pub total_mem: unsafe extern "C" fn(*mut usize, c_int) -> CuResult,
     pub mipmap_create: unsafe extern "C" fn(*mut u64, *const Array3dDesc, c_uint) -> CuResult,
     pub mipmap_destroy: unsafe extern "C" fn(u64) -> CuResult,
+    /// The pre-3.2 entry points, if the driver has them all.
+    pub legacy: Option<Legacy>,
+}
+
+/// The legacy (pre-3.2) entry points: `unsigned int` sizes, 32-bit `CUdeviceptr_v1`.
+#[derive(Clone, Copy)]
+pub struct Legacy {
+    pub alloc: unsafe extern "C" fn(*mut u32, c_uint) -> CuResult,
+    pub alloc_pitch:
+        unsafe extern "C" fn(*mut u32, *mut c_uint, c_uint, c_uint, c_uint) -> CuResult,
+    pub free: unsafe extern "C" fn(u32) -> CuResult,
+    pub array_create: unsafe extern "C" fn(*mut u64, *const ArrayDescV1) -> CuResult,
+    pub array3d_create: unsafe extern "C" fn(*mut u64, *const Array3dDescV1) -> CuResult,
+    pub get_info: unsafe extern "C" fn(*mut c_uint, *mut c_uint) -> CuResult,
+    pub total_mem: unsafe extern "C" fn(*mut c_uint, c_int) -> CuResult,
 }
 
 /// `CUmemAllocationProp`.
@@ -75,9 +92,30 @@ pub struct Array3dDesc {
     pub flags: c_uint,
 }
 
+/// `CUDA_ARRAY_DESCRIPTOR_v1`.
+#[repr(C)]
+pub struct ArrayDescV1 {
+    pub width: c_uint,
+    pub height: c_uint,
+    pub format: c_uint,
+    pub channels: c_uint,
+}
+
+/// `CUDA_ARRAY3D_DESCRIPTOR_v1`.
+#[repr(C)]
+pub struct Array3dDescV1 {
+    pub width: c_uint,
+    pub height: c_uint,
+    pub depth: c_uint,
+    pub format: c_uint,
+    pub channels: c_uint,
+    pub flags: c_uint,
+}
+
 macro_rules! resolve_all {
-    ($resolve:expr, $($field:ident = $name:literal),* $(,)?) => {{
+    ($resolve:expr, legacy = $legacy:expr, $($field:ident = $name:literal),* $(,)?) => {{
         Cuda {
+            legacy: $legacy,
             $($field: {
                 let p = $resolve($name);
                 if p.is_null() {
@@ -90,13 +128,42 @@ macro_rules! resolve_all {
     }};
 }
 
+impl Legacy {
+    /// The legacy entry points by name through `resolve` (`dlsym`, or `cuGetProcAddress` at a
+    /// version before 3020), None if any is missing.
+    pub fn resolve(resolve: Resolve) -> Option<Legacy> {
+        macro_rules! get {
+            ($name:literal) => {{
+                let p = resolve($name);
+                if p.is_null() {
+                    return None;
+                }
+                // SAFETY: the symbol's C signature is the field's type.
+                unsafe { std::mem::transmute::<*mut c_void, _>(p) }
+            }};
+        }
+        Some(Legacy {
+            alloc: get!(c"cuMemAlloc"),
+            alloc_pitch: get!(c"cuMemAllocPitch"),
+            free: get!(c"cuMemFree"),
+            array_create: get!(c"cuArrayCreate"),
+            array3d_create: get!(c"cuArray3DCreate"),
+            get_info: get!(c"cuMemGetInfo"),
+            total_mem: get!(c"cuDeviceTotalMem"),
+        })
+    }
+}
+
 impl Cuda {
     /// Resolves every entry point by its base name through `resolve` (`dlsym` or
-    /// `cuGetProcAddress`), which picks the versioned variant.
-    pub fn resolve(resolve: Resolve, versioned: bool) -> Cuda {
+    /// `cuGetProcAddress`), which picks the versioned variant; the legacy ones through
+    /// `legacy`.
+    pub fn resolve(resolve: Resolve, versioned: bool, legacy: Resolve) -> Cuda {
+        let legacy = Legacy::resolve(legacy);
         if versioned {
             resolve_all!(
                 resolve,
+                legacy = legacy,
                 init = c"cuInit",
                 device_get = c"cuDeviceGet",
                 ctx_create = c"cuCtxCreate",
@@ -120,6 +187,7 @@ impl Cuda {
         } else {
             resolve_all!(
                 resolve,
+                legacy = legacy,
                 init = c"cuInit",
                 device_get = c"cuDeviceGet",
                 ctx_create = c"cuCtxCreate_v2",
@@ -171,6 +239,7 @@ enum Held {
     Vmm(u64),
     Array(u64),
     Mipmap(u64),
+    Ptr32(u32),
 }
 
 const MIB: usize = 1 << 20;
@@ -331,6 +400,71 @@ pub fn run(cuda: &Cuda, steps: &[String]) {
                 let rc = unsafe { (cuda.mipmap_create)(&mut m, &d, levels) };
                 hold(&mut held, rc, Held::Mipmap(m), op)
             }
+            "alloc32" => {
+                let legacy = legacy(cuda);
+                let mut p = 0u32;
+                // SAFETY: valid out-pointer.
+                let rc = unsafe { (legacy.alloc)(&mut p, (num(parts.next()) * MIB) as c_uint) };
+                hold(&mut held, rc, Held::Ptr32(p), op)
+            }
+            "pitch32" => {
+                let legacy = legacy(cuda);
+                let (w, h) = (num(parts.next()) as c_uint, num(parts.next()) as c_uint);
+                let (mut p, mut pitch) = (0u32, 0 as c_uint);
+                // SAFETY: valid out-pointers.
+                let rc = unsafe { (legacy.alloc_pitch)(&mut p, &mut pitch, w, h, 4) };
+                format!("{} pitch={pitch}", hold(&mut held, rc, Held::Ptr32(p), op))
+            }
+            "array32" => {
+                let d = ArrayDescV1 {
+                    width: num(parts.next()) as c_uint,
+                    height: num(parts.next()) as c_uint,
+                    format: 0x20,
+                    channels: 1,
+                };
+                let mut a = 0u64;
+                // SAFETY: valid out-pointer and descriptor.
+                let rc = unsafe { (legacy(cuda).array_create)(&mut a, &d) };
+                hold(&mut held, rc, Held::Array(a), op)
+            }
+            "array3d32" => {
+                let d = Array3dDescV1 {
+                    width: num(parts.next()) as c_uint,
+                    height: num(parts.next()) as c_uint,
+                    depth: num(parts.next()) as c_uint,
+                    format: 0x20,
+                    channels: 1,
+                    flags: 0,
+                };
+                let mut a = 0u64;
+                // SAFETY: valid out-pointer and descriptor.
+                let rc = unsafe { (legacy(cuda).array3d_create)(&mut a, &d) };
+                hold(&mut held, rc, Held::Array(a), op)
+            }
+            "info32" => {
+                let (mut free, mut total) = (0 as c_uint, 0 as c_uint);
+                // SAFETY: valid out-pointers.
+                let rc = unsafe { (legacy(cuda).get_info)(&mut free, &mut total) };
+                if rc != 0 {
+                    format!("info32 rc={rc}")
+                } else {
+                    format!(
+                        "info32 rc=0 free_mib={} total_mib={}",
+                        free as usize / MIB,
+                        total as usize / MIB
+                    )
+                }
+            }
+            "devtotal32" => {
+                let mut total = 0 as c_uint;
+                // SAFETY: valid out-pointer.
+                let rc = unsafe { (legacy(cuda).total_mem)(&mut total, 0) };
+                if rc != 0 {
+                    format!("devtotal32 rc={rc}")
+                } else {
+                    format!("devtotal32 rc=0 total_mib={}", total as usize / MIB)
+                }
+            }
             "free" => {
                 let i = num(parts.next());
                 let h = *held
@@ -344,6 +478,7 @@ pub fn run(cuda: &Cuda, steps: &[String]) {
                         Held::Vmm(v) => (cuda.mem_release)(v),
                         Held::Array(a) => (cuda.array_destroy)(a),
                         Held::Mipmap(m) => (cuda.mipmap_destroy)(m),
+                        Held::Ptr32(p) => (legacy(cuda).free)(p),
                     }
                 };
                 format!("free rc={rc}")
@@ -392,6 +527,11 @@ pub fn run_nvml_only(steps: &[String]) {
         };
         println!("{line}");
     }
+}
+
+fn legacy(cuda: &Cuda) -> Legacy {
+    cuda.legacy
+        .unwrap_or_else(|| fail("the driver lacks the legacy (pre-3.2) entry points"))
 }
 
 fn hold(held: &mut Vec<Held>, rc: CuResult, h: Held, op: &str) -> String {

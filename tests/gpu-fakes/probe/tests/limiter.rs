@@ -333,6 +333,72 @@ fn mipmapped_arrays_count_every_level_on_every_path() {
 }
 
 #[test]
+fn legacy_entry_points_are_counted_refused_and_viewed_on_every_path() {
+    for mode in CUDA_MODES {
+        let c = Container::new(TWO_GIB);
+        assert_eq!(
+            c.run(
+                mode,
+                &[
+                    "init",
+                    "info32",
+                    "devtotal32",
+                    "alloc32:1024",
+                    "alloc32:1536",
+                    "driver-used",
+                    "info32",
+                    "info",
+                    "pitch32:1000:262144", // 1000 B rows padded to 1024: 256 MiB
+                    "array32:16384:4096",  // float: 256 MiB
+                    "array3d32:1024:1024:64", // float: 256 MiB
+                    "info32",
+                    "alloc:512", // the _v2 path shares the count
+                    "free:0",
+                    "free:1",
+                    "free:2",
+                    "free:3",
+                    "info32",
+                    "driver-used",
+                ]
+            ),
+            [
+                "init rc=0",
+                "info32 rc=0 free_mib=2048 total_mib=2048",
+                "devtotal32 rc=0 total_mib=2048",
+                "alloc32 rc=0 id=0",
+                "alloc32 rc=2",
+                "driver-used mib=1024",
+                "info32 rc=0 free_mib=1024 total_mib=2048",
+                "info rc=0 free_mib=1024 total_mib=2048",
+                "pitch32 rc=0 id=1 pitch=1024",
+                "array32 rc=0 id=2",
+                "array3d32 rc=0 id=3",
+                "info32 rc=0 free_mib=256 total_mib=2048",
+                "alloc rc=2",
+                "free rc=0",
+                "free rc=0",
+                "free rc=0",
+                "free rc=0",
+                "info32 rc=0 free_mib=2048 total_mib=2048",
+                "driver-used mib=0",
+            ],
+            "mode {mode}"
+        );
+    }
+    // A quota past what an `unsigned int` holds: the legacy view saturates, never wraps.
+    let c = Container::new(6 << 30);
+    assert_eq!(
+        c.run("dlopen", &["init", "info32", "devtotal32", "info"]),
+        [
+            "init rc=0",
+            "info32 rc=0 free_mib=4095 total_mib=4095",
+            "devtotal32 rc=0 total_mib=4095",
+            "info rc=0 free_mib=6144 total_mib=6144",
+        ]
+    );
+}
+
+#[test]
 fn two_processes_share_one_quota() {
     let c = Container::new(TWO_GIB);
     let mut first = c.hold("dlopen", &["init", "alloc:1536"]);

@@ -9,7 +9,9 @@ mod api;
 
 use std::ffi::{c_int, c_uint, c_void};
 
-use api::{AllocationProp, Array3dDesc, ArrayDesc, CuResult, Cuda};
+use api::{
+    AllocationProp, Array3dDesc, Array3dDescV1, ArrayDesc, ArrayDescV1, CuResult, Cuda, Legacy,
+};
 
 unsafe extern "C" {
     fn cuInit(flags: c_uint) -> CuResult;
@@ -51,6 +53,20 @@ unsafe extern "C" {
         levels: c_uint,
     ) -> CuResult;
     fn cuMipmappedArrayDestroy(handle: u64) -> CuResult;
+    // The legacy (pre-3.2) entry points, as a binary built against CUDA < 3.2 links them.
+    fn cuMemAlloc(dptr: *mut u32, bytes: c_uint) -> CuResult;
+    fn cuMemAllocPitch(
+        dptr: *mut u32,
+        pitch: *mut c_uint,
+        w: c_uint,
+        h: c_uint,
+        elem: c_uint,
+    ) -> CuResult;
+    fn cuMemFree(dptr: u32) -> CuResult;
+    fn cuArrayCreate(array: *mut u64, desc: *const ArrayDescV1) -> CuResult;
+    fn cuArray3DCreate(array: *mut u64, desc: *const Array3dDescV1) -> CuResult;
+    fn cuMemGetInfo(free: *mut c_uint, total: *mut c_uint) -> CuResult;
+    fn cuDeviceTotalMem(bytes: *mut c_uint, dev: c_int) -> CuResult;
 }
 
 fn main() {
@@ -74,6 +90,15 @@ fn main() {
         total_mem: cuDeviceTotalMem_v2,
         mipmap_create: cuMipmappedArrayCreate,
         mipmap_destroy: cuMipmappedArrayDestroy,
+        legacy: Some(Legacy {
+            alloc: cuMemAlloc,
+            alloc_pitch: cuMemAllocPitch,
+            free: cuMemFree,
+            array_create: cuArrayCreate,
+            array3d_create: cuArray3DCreate,
+            get_info: cuMemGetInfo,
+            total_mem: cuDeviceTotalMem,
+        }),
     };
     let steps: Vec<String> = std::env::args().skip(1).collect();
     api::run(&cuda, &steps);
