@@ -423,10 +423,45 @@ impl Table {
 
     pub(crate) fn with<R>(&self, f: impl FnOnce(&mut BTreeMap<(Kind, u64), Counted>) -> R) -> R {
         self.lock();
+        #[cfg(feature = "test-paths")]
+        test_hooks::hold_table();
         // SAFETY: the lock is held, so this is the only reference to the map.
         let r = f(unsafe { &mut *self.map.get() });
         self.unlock();
         r
+    }
+}
+
+/// Test build only (never shipped): lets a test fork while another thread holds the
+/// allocation table's lock — a window too short to hit by chance.
+#[cfg(feature = "test-paths")]
+mod test_hooks {
+    use std::sync::atomic::AtomicU64;
+    use std::sync::atomic::Ordering::SeqCst;
+
+    static STALL_US: AtomicU64 = AtomicU64::new(0);
+    static HOLDERS: AtomicU64 = AtomicU64::new(0);
+
+    /// Called with the lock held: stays there for the stall a test asked for.
+    pub(super) fn hold_table() {
+        let us = STALL_US.load(SeqCst);
+        if us > 0 {
+            HOLDERS.fetch_add(1, SeqCst);
+            std::thread::sleep(std::time::Duration::from_micros(us));
+            HOLDERS.fetch_sub(1, SeqCst);
+        }
+    }
+
+    /// Every hold of the table's lock lasts `us` microseconds from now on (0: no stall).
+    #[unsafe(no_mangle)]
+    pub extern "C" fn gpushareLimiterTestStallTableUs(us: u64) {
+        STALL_US.store(us, SeqCst);
+    }
+
+    /// Whether a thread is stalled holding the table's lock now.
+    #[unsafe(no_mangle)]
+    pub extern "C" fn gpushareLimiterTestTableHeld() -> u64 {
+        HOLDERS.load(SeqCst)
     }
 }
 

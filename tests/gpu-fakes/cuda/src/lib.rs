@@ -7,14 +7,17 @@
 //! (`_v2` from 3020 and the legacy 32-bit entry point below, `_ptsz` with the per-thread
 //! flag, `cuGetProcAddress_v2` from 12000). Legacy allocations get addresses below 4 GiB (a
 //! `CUdeviceptr_v1` is 32 bits); the legacy views saturate at 4 GiB − 1.
-//! `gpushareFakeCudaUsedBytes` tells a test what the "driver" holds.
+//! `gpushareFakeCudaUsedBytes` tells a test what the "driver" holds;
+//! `gpushareFakeCudaSetAllocDelayUs` keeps every allocation inside the driver for a while and
+//! `gpushareFakeCudaAllocsInFlight` says how many are (for forking mid-allocation). Its own
+//! state survives `fork` at any instant (the allocation table's lock is held across it).
 
 #![allow(non_snake_case, clippy::missing_safety_doc)]
 
+use std::cell::UnsafeCell;
 use std::collections::BTreeMap;
 use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
-use std::sync::Mutex;
-use std::sync::atomic::Ordering::SeqCst;
+use std::sync::atomic::Ordering::{Acquire, Relaxed, Release, SeqCst};
 use std::sync::atomic::{AtomicBool, AtomicU64};
 
 type CuResult = c_int;
@@ -40,7 +43,85 @@ static USED: AtomicU64 = AtomicU64::new(0);
 static NEXT: AtomicU64 = AtomicU64::new(0x7f00_0000_0000);
 /// Where the legacy (32-bit `CUdeviceptr_v1`) allocations are placed: below 4 GiB.
 static NEXT_V1: AtomicU64 = AtomicU64::new(0x1000_0000);
-static ALLOCS: Mutex<BTreeMap<u64, u64>> = Mutex::new(BTreeMap::new());
+static ALLOCS: Allocs = Allocs {
+    locked: AtomicBool::new(false),
+    map: UnsafeCell::new(BTreeMap::new()),
+};
+/// Test knob: how long each allocation stays inside the driver (µs), and how many are there.
+static ALLOC_DELAY_US: AtomicU64 = AtomicU64::new(0);
+static IN_FLIGHT: AtomicU64 = AtomicU64::new(0);
+
+/// The allocation table behind a spin lock that `fork` handlers hold across `fork`, so a child
+/// forked while another thread allocates finds it unlocked (a `Mutex` would stay locked).
+struct Allocs {
+    locked: AtomicBool,
+    map: UnsafeCell<BTreeMap<u64, u64>>,
+}
+
+// SAFETY: map is only touched while `locked` is held.
+unsafe impl Sync for Allocs {}
+
+impl Allocs {
+    fn lock(&self) {
+        while self
+            .locked
+            .compare_exchange_weak(false, true, Acquire, Relaxed)
+            .is_err()
+        {
+            std::thread::yield_now();
+        }
+    }
+
+    fn unlock(&self) {
+        self.locked.store(false, Release);
+    }
+
+    fn with<R>(&self, f: impl FnOnce(&mut BTreeMap<u64, u64>) -> R) -> R {
+        self.lock();
+        // SAFETY: the lock is held, so this is the only reference to the map.
+        let r = f(unsafe { &mut *self.map.get() });
+        self.unlock();
+        r
+    }
+}
+
+unsafe extern "C" {
+    fn pthread_atfork(
+        prepare: Option<extern "C" fn()>,
+        parent: Option<extern "C" fn()>,
+        child: Option<extern "C" fn()>,
+    ) -> c_int;
+}
+
+static FORK_HANDLERS: AtomicBool = AtomicBool::new(false);
+
+fn register_fork_handlers() {
+    if FORK_HANDLERS.swap(true, SeqCst) {
+        return;
+    }
+    extern "C" fn prepare() {
+        ALLOCS.lock();
+    }
+    extern "C" fn after() {
+        ALLOCS.unlock();
+    }
+    // SAFETY: registers functions that live as long as the process.
+    unsafe {
+        pthread_atfork(Some(prepare), Some(after), Some(after));
+    }
+}
+
+/// Test knob: every allocation waits `us` microseconds inside the driver from now on.
+#[unsafe(no_mangle)]
+pub extern "C" fn gpushareFakeCudaSetAllocDelayUs(us: u64) {
+    ALLOC_DELAY_US.store(us, SeqCst);
+}
+
+/// Allocations inside the driver right now.
+#[unsafe(no_mangle)]
+pub extern "C" fn gpushareFakeCudaAllocsInFlight() -> u64 {
+    IN_FLIGHT.load(SeqCst)
+}
 
 fn ready() -> Result<(), CuResult> {
     if !INIT.load(SeqCst) {
@@ -64,6 +145,17 @@ fn alloc_v1(size: u64) -> Result<u32, CuResult> {
 /// Takes `size` bytes of the GPU at the next 2 MiB-aligned address of `next`, refusing an
 /// address range past `end`.
 fn alloc_at(next: &AtomicU64, end: u64, size: u64) -> Result<u64, CuResult> {
+    IN_FLIGHT.fetch_add(1, SeqCst);
+    let delay = ALLOC_DELAY_US.load(SeqCst);
+    if delay > 0 {
+        std::thread::sleep(std::time::Duration::from_micros(delay));
+    }
+    let r = take(next, end, size);
+    IN_FLIGHT.fetch_sub(1, SeqCst);
+    r
+}
+
+fn take(next: &AtomicU64, end: u64, size: u64) -> Result<u64, CuResult> {
     ready()?;
     if size == 0 {
         return Err(INVALID_VALUE);
@@ -82,7 +174,7 @@ fn alloc_at(next: &AtomicU64, end: u64, size: u64) -> Result<u64, CuResult> {
         USED.fetch_sub(size, SeqCst);
         return Err(OUT_OF_MEMORY);
     }
-    ALLOCS.lock().unwrap().insert(handle, size);
+    ALLOCS.with(|m| m.insert(handle, size));
     Ok(handle)
 }
 
@@ -90,7 +182,7 @@ fn free(handle: u64) -> CuResult {
     if let Err(rc) = ready() {
         return rc;
     }
-    match ALLOCS.lock().unwrap().remove(&handle) {
+    match ALLOCS.with(|m| m.remove(&handle)) {
         Some(size) => {
             USED.fetch_sub(size, SeqCst);
             SUCCESS
@@ -134,6 +226,7 @@ pub extern "C" fn gpushareFakeCudaUsedBytes() -> u64 {
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuInit(_flags: c_uint) -> CuResult {
+    register_fork_handlers();
     INIT.store(true, SeqCst);
     SUCCESS
 }
@@ -295,7 +388,7 @@ pub unsafe extern "C" fn cuMemCreate(
         return rc;
     }
     let h = NEXT.fetch_add(1 << 21, SeqCst);
-    ALLOCS.lock().unwrap().insert(h, 0);
+    ALLOCS.with(|m| m.insert(h, 0));
     out(handle, Ok(h))
 }
 

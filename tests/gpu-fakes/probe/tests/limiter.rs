@@ -11,6 +11,7 @@
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
+use std::time::Duration;
 
 use gpushare_core::limiter::{GpuLimit, LimitsFile, region_image};
 
@@ -99,6 +100,30 @@ impl Container {
 
     fn run(&self, mode: &str, steps: &[&str]) -> Vec<String> {
         lines(&self.command(mode, steps).output().expect("run probe"))
+    }
+
+    /// [`Container::run`], failing the test if the probe (with any children it forked) has
+    /// not finished within `limit`; then the whole process group is killed.
+    fn run_within(&self, limit: Duration, mode: &str, steps: &[&str]) -> Vec<String> {
+        use std::os::unix::process::CommandExt;
+        let child = self
+            .command(mode, steps)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0)
+            .spawn()
+            .expect("spawn probe");
+        let pgid = child.id() as libc::pid_t;
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || tx.send(child.wait_with_output()));
+        match rx.recv_timeout(limit) {
+            Ok(out) => lines(&out.expect("probe output")),
+            Err(_) => {
+                // SAFETY: kills the probe's own process group (it and its children).
+                unsafe { libc::kill(-pgid, libc::SIGKILL) };
+                panic!("probe {mode} {steps:?} did not finish within {limit:?}");
+            }
+        }
     }
 
     /// Starts a probe that runs `steps` then `ready` then `wait`, and returns once it is ready.
@@ -394,6 +419,65 @@ fn legacy_entry_points_are_counted_refused_and_viewed_on_every_path() {
             "info32 rc=0 free_mib=4095 total_mib=4095",
             "devtotal32 rc=0 total_mib=4095",
             "info rc=0 free_mib=6144 total_mib=6144",
+        ]
+    );
+}
+
+/// Every probe that forks is bounded: the probe waits at most 5 s for each child, the test at
+/// most this long for the probe.
+const FORK_TEST_LIMIT: Duration = Duration::from_secs(60);
+
+#[test]
+fn a_forked_child_shares_the_quota_and_its_exit_leaves_the_parent_count_right() {
+    for mode in CUDA_MODES {
+        let c = Container::new(TWO_GIB);
+        assert_eq!(
+            c.run_within(
+                FORK_TEST_LIMIT,
+                mode,
+                &[
+                    "init",
+                    "alloc:1024",
+                    // The child sees the parent's 1 GiB, allocates and frees within the other
+                    // 1 GiB, is refused past it, and exits still holding 256 MiB.
+                    "fork:info/alloc:512/info/alloc:1024/free:1/alloc:256/info",
+                    "info",
+                    "alloc:1024",
+                    "free:0",
+                    "info",
+                ]
+            ),
+            [
+                "init rc=0",
+                "alloc rc=0 id=0",
+                "child info rc=0 free_mib=1024 total_mib=2048",
+                "child alloc rc=0 id=1",
+                "child info rc=0 free_mib=512 total_mib=2048",
+                "child alloc rc=2",
+                "child free rc=0",
+                "child alloc rc=0 id=2",
+                "child info rc=0 free_mib=768 total_mib=2048",
+                "fork rc=0 status=0",
+                // The child's exit gave back its 256 MiB; the parent's 1 GiB is still counted.
+                "info rc=0 free_mib=1024 total_mib=2048",
+                "alloc rc=0 id=1",
+                "free rc=0",
+                "info rc=0 free_mib=1024 total_mib=2048",
+            ],
+            "mode {mode}"
+        );
+    }
+}
+
+#[test]
+fn a_fork_while_another_thread_allocates_does_not_deadlock_the_child() {
+    let c = Container::new(TWO_GIB);
+    assert_eq!(
+        c.run_within(FORK_TEST_LIMIT, "dlopen", &["init", "fork-race:30", "info"]),
+        [
+            "init rc=0",
+            "fork-race forks=30 ok=30 hung=0 failed=0 in_driver=true in_table=true worker_ran=true",
+            "info rc=0 free_mib=2048 total_mib=2048",
         ]
     );
 }
