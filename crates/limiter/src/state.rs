@@ -6,7 +6,10 @@
 //! 0). Loading never blocks on another thread either (racing loaders each build a state and
 //! the first to publish wins), so a `fork` at any instant cannot leave a child waiting on a
 //! parent's thread. The only lock is process-local (the allocation table) and `pthread_atfork`
-//! handlers keep it consistent across `fork`.
+//! handlers keep it consistent across `fork`: the child starts with an empty table and no slot.
+//! A child made without those handlers (glibc's `_Fork`, a raw `clone`) keeps naming its
+//! parent's slot: what it allocates is counted there (over-counting the parent until it exits),
+//! and its exit leaves the slot alone.
 
 use std::cell::UnsafeCell;
 use std::collections::BTreeMap;
@@ -324,14 +327,20 @@ impl Limiter {
         freed
     }
 
-    /// This process's exit: its counts go with it.
+    /// This process's exit: its counts go with it. Only the process that claimed the slot
+    /// frees it: a child forked without the atfork handlers (glibc's `_Fork`, a raw `clone`)
+    /// still names its parent's slot and must leave it alone.
     fn release_slot(&self) {
+        let me = MY_OWNER.load(Acquire);
+        // SAFETY: getpid has no preconditions.
+        if OwnerWord(me).pid() != unsafe { libc::getpid() } as u32 {
+            return;
+        }
         let idx = MY_SLOT.swap(NO_SLOT, AcqRel);
         if idx >= REGION_SLOTS {
             return;
         }
         let slot = &self.slots()[idx];
-        let me = MY_OWNER.load(Acquire);
         for used in &slot.used {
             used.store(0, SeqCst);
         }

@@ -10,8 +10,8 @@
 //! `free-bogus`, `info-null`, `devtotal-null`, `driver-used`, `nvml`, `nvml-v2`, `nvml-null`,
 //! `smi`, `ready`, `wait` (blocks until a line or EOF on stdin), `sleep:MS`,
 //! `fork:STEP/STEP/…` (a child runs those steps, its lines prefixed `child `, and exits; the
-//! parent waits at most 5 s), `fork-race:N` (forks while another thread allocates; fake driver
-//! and the limiter's test build only).
+//! parent waits at most 5 s), `rawfork:STEP/…` (the same through glibc's `_Fork`, which runs no
+//! atfork handlers), `fork-race:N` (forks while another thread allocates; fake driver only).
 
 // Function pointers come from dlsym/cuGetProcAddress as void*; each transmute's target is
 // the field or binding it initialises.
@@ -508,15 +508,19 @@ fn run_steps(cuda: &Cuda, steps: &[String], held: &mut Vec<Held>, prefix: &str) 
                 format!("driver-used mib={}", used / MIB as u64)
             }
             "nvml" | "nvml-v2" | "nvml-null" | "smi" => nvml(op),
-            "fork" => {
+            "fork" | "rawfork" => {
                 // The child's steps: everything after the first ':', separated by '/'.
                 let child: Vec<String> = step
                     .split_once(':')
                     .map(|(_, rest)| rest.split('/').map(str::to_string).collect())
                     .unwrap_or_default();
                 let _ = out.flush();
-                // SAFETY: the probe is single-threaded here; the child runs steps and exits.
-                let pid = unsafe { libc::fork() };
+                let pid = if op == "fork" {
+                    // SAFETY: the probe is single-threaded here; the child runs steps and exits.
+                    unsafe { libc::fork() }
+                } else {
+                    raw_fork()
+                };
                 match pid {
                     -1 => format!("{op} rc=-1"),
                     0 => {
@@ -592,6 +596,20 @@ fn wait_bounded(pid: libc::pid_t, limit: std::time::Duration) -> Option<c_int> {
         }
         std::thread::sleep(std::time::Duration::from_millis(1));
     }
+}
+
+/// glibc's `_Fork` (2.34+): a fork that runs no `pthread_atfork` handlers, as a raw `clone`
+/// does.
+fn raw_fork() -> libc::pid_t {
+    // SAFETY: looks up a NUL-terminated name in the global scope.
+    let f = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"_Fork".as_ptr()) };
+    if f.is_null() {
+        fail("this glibc has no _Fork (2.34+)");
+    }
+    // SAFETY: _Fork's C signature: pid_t _Fork(void).
+    let f: unsafe extern "C" fn() -> libc::pid_t = unsafe { std::mem::transmute(f) };
+    // SAFETY: the probe is single-threaded here; the child runs steps and exits.
+    unsafe { f() }
 }
 
 /// A test knob pair: `set(µs)` makes something stall that long, `busy()` says whether a thread

@@ -483,6 +483,28 @@ fn a_fork_while_another_thread_allocates_does_not_deadlock_the_child() {
 }
 
 #[test]
+fn a_child_forked_without_atfork_handlers_does_not_free_the_parent_count() {
+    // glibc's _Fork (as a raw clone) runs no atfork handlers: the child inherits the parent's
+    // slot, and its exit must not give back what the parent holds.
+    let c = Container::new(TWO_GIB);
+    assert_eq!(
+        c.run_within(
+            FORK_TEST_LIMIT,
+            "dlopen",
+            &["init", "alloc:1024", "rawfork:info", "info", "alloc:1536"]
+        ),
+        [
+            "init rc=0",
+            "alloc rc=0 id=0",
+            "child info rc=0 free_mib=1024 total_mib=2048",
+            "rawfork rc=0 status=0",
+            "info rc=0 free_mib=1024 total_mib=2048",
+            "alloc rc=2",
+        ]
+    );
+}
+
+#[test]
 fn two_processes_share_one_quota() {
     let c = Container::new(TWO_GIB);
     let mut first = c.hold("dlopen", &["init", "alloc:1536"]);
