@@ -680,7 +680,7 @@ fn fork_race(cuda: &Cuda, forks: usize) -> String {
         if let Some(busy) = busy {
             let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1);
             while busy() == 0 && std::time::Instant::now() < deadline {
-                std::hint::spin_loop();
+                std::thread::yield_now();
             }
         }
         let was_inside = busy.is_some_and(|busy| busy() > 0);

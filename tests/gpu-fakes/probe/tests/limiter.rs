@@ -473,10 +473,10 @@ fn a_forked_child_shares_the_quota_and_its_exit_leaves_the_parent_count_right() 
 fn a_fork_while_another_thread_allocates_does_not_deadlock_the_child() {
     let c = Container::new(TWO_GIB);
     assert_eq!(
-        c.run_within(FORK_TEST_LIMIT, "dlopen", &["init", "fork-race:30", "info"]),
+        c.run_within(FORK_TEST_LIMIT, "dlopen", &["init", "fork-race:15", "info"]),
         [
             "init rc=0",
-            "fork-race forks=30 ok=30 hung=0 failed=0 in_driver=true in_table=true worker_ran=true",
+            "fork-race forks=15 ok=15 hung=0 failed=0 in_driver=true in_table=true worker_ran=true",
             "info rc=0 free_mib=2048 total_mib=2048",
         ]
     );
