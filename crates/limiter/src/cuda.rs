@@ -5,6 +5,11 @@
 //! Which GPU an allocation lands on: the current context's device (`cuCtxGetDevice`), or the
 //! location a VMM allocation names. A CUDA device is matched to the limits file by UUID
 //! (`cuDeviceGetUuid`), falling back to its ordinal as a position in the file.
+//!
+//! The pre-3.2 entry points that old binaries still link (`cuMemAlloc`, `cuMemAllocPitch`,
+//! `cuMemFree`, `cuArrayCreate`, `cuArray3DCreate`, `cuMemGetInfo`, `cuDeviceTotalMem`: 32-bit
+//! sizes and `CUdeviceptr_v1`) are wrapped like their `_v2` successors and share their counts;
+//! their views saturate at 4 GiB − 1.
 
 use std::ffi::{c_char, c_int, c_uint, c_void};
 use std::sync::atomic::AtomicU8;
@@ -17,10 +22,13 @@ use crate::state::{self, Counted, Kind, Limiter, UNKNOWN_DEVICE_REPORTED, limite
 
 pub type CuResult = c_int;
 pub type CuDevicePtr = u64;
+/// `CUdeviceptr_v1`: the 32-bit device pointer of the pre-3.2 entry points.
+pub type CuDevicePtrV1 = c_uint;
 pub type CuDevice = c_int;
 pub type CuStream = *mut c_void;
 pub type CuMemPool = *mut c_void;
 pub type CuArray = *mut c_void;
+pub type CuMipmappedArray = *mut c_void;
 pub type CuMemHandle = u64;
 
 pub const CUDA_SUCCESS: CuResult = 0;
@@ -61,8 +69,19 @@ real!(R_MEM_RELEASE, c"cuMemRelease");
 real!(R_ARRAY_CREATE, c"cuArrayCreate_v2");
 real!(R_ARRAY_3D_CREATE, c"cuArray3DCreate_v2");
 real!(R_ARRAY_DESTROY, c"cuArrayDestroy");
+real!(R_MIPMAPPED_ARRAY_CREATE, c"cuMipmappedArrayCreate");
+real!(R_MIPMAPPED_ARRAY_DESTROY, c"cuMipmappedArrayDestroy");
 real!(R_MEM_GET_INFO, c"cuMemGetInfo_v2");
 real!(R_DEVICE_TOTAL_MEM, c"cuDeviceTotalMem_v2");
+// The pre-3.2 entry points (`unsigned int` sizes, 32-bit `CUdeviceptr_v1`) that drivers still
+// export for binaries built against them; `cuArrayDestroy` has only the one version.
+real!(R_MEM_ALLOC_V1, c"cuMemAlloc");
+real!(R_MEM_ALLOC_PITCH_V1, c"cuMemAllocPitch");
+real!(R_MEM_FREE_V1, c"cuMemFree");
+real!(R_ARRAY_CREATE_V1, c"cuArrayCreate");
+real!(R_ARRAY_3D_CREATE_V1, c"cuArray3DCreate");
+real!(R_MEM_GET_INFO_V1, c"cuMemGetInfo");
+real!(R_DEVICE_TOTAL_MEM_V1, c"cuDeviceTotalMem");
 real!(R_GET_PROC_ADDRESS, c"cuGetProcAddress");
 real!(R_GET_PROC_ADDRESS_V2, c"cuGetProcAddress_v2");
 
@@ -311,7 +330,52 @@ pub unsafe extern "C" fn cuMemAllocFromPoolAsync_ptsz(
 }
 
 /// Pitched allocation: the driver picks the pitch, so the estimate (width × height) is counted
-/// first and corrected to pitch × height after the call.
+/// first and corrected to pitch × height after the call. `written` reads the pointer and pitch
+/// the driver wrote; `undo` frees the allocation when the correction does not fit the quota.
+fn alloc_pitched(
+    estimate: u64,
+    height: u64,
+    forward: impl FnOnce() -> CuResult,
+    written: impl FnOnce() -> (CuDevicePtr, u64),
+    undo: impl FnOnce(CuDevicePtr),
+) -> CuResult {
+    let Some(lim) = limiter() else {
+        return CUDA_ERROR_NOT_PERMITTED;
+    };
+    let pos = match current_pos(lim) {
+        Ok(p) => p,
+        Err(rc) => return rc,
+    };
+    if !lim.reserve(pos, estimate) {
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    let rc = forward();
+    if rc != CUDA_SUCCESS {
+        lim.release(pos, estimate);
+        return rc;
+    }
+    let (ptr, pitch) = written();
+    let actual = pitch.saturating_mul(height);
+    if actual > estimate && !lim.reserve(pos, actual - estimate) {
+        lim.release(pos, estimate);
+        undo(ptr);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    if actual < estimate {
+        lim.release(pos, estimate - actual);
+    }
+    state::record(
+        lim,
+        Kind::DevicePtr,
+        ptr,
+        Counted {
+            pos,
+            bytes: actual.max(1),
+        },
+    );
+    CUDA_SUCCESS
+}
+
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemAllocPitch_v2(
     dptr: *mut CuDevicePtr,
@@ -337,48 +401,91 @@ pub unsafe extern "C" fn cuMemAllocPitch_v2(
     if dptr.is_null() || pitch.is_null() {
         return forward();
     }
-    let Some(lim) = limiter() else {
-        return CUDA_ERROR_NOT_PERMITTED;
-    };
-    let pos = match current_pos(lim) {
-        Ok(p) => p,
-        Err(rc) => return rc,
-    };
-    let estimate = estimate as u64;
-    if !lim.reserve(pos, estimate) {
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    }
-    let rc = forward();
-    if rc != CUDA_SUCCESS {
-        lim.release(pos, estimate);
-        return rc;
-    }
-    // SAFETY: both out-pointers are non-null and written by the driver on success.
-    let (ptr, actual) = unsafe { (*dptr, (*pitch as u64).saturating_mul(height as u64)) };
-    if actual > estimate && !lim.reserve(pos, actual - estimate) {
-        lim.release(pos, estimate);
-        call_real!(R_MEM_FREE, fn(CuDevicePtr), ptr);
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    }
-    if actual < estimate {
-        lim.release(pos, estimate - actual);
-    }
-    state::record(
-        lim,
-        Kind::DevicePtr,
-        ptr,
-        Counted {
-            pos,
-            bytes: actual.max(1),
+    alloc_pitched(
+        estimate as u64,
+        height as u64,
+        forward,
+        // SAFETY: both out-pointers are non-null and written by the driver on success.
+        || unsafe { (*dptr, *pitch as u64) },
+        |ptr| {
+            call_real!(R_MEM_FREE, fn(CuDevicePtr), ptr);
         },
-    );
-    CUDA_SUCCESS
+    )
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemFree_v2(dptr: CuDevicePtr) -> CuResult {
     counted_free(Kind::DevicePtr, dptr, || {
         call_real!(R_MEM_FREE, fn(CuDevicePtr), dptr)
+    })
+}
+
+/// Legacy `cuMemAlloc` (`CUdeviceptr_v1 *`, `unsigned int` size). Its pointer is counted under
+/// its zero-extended value, so either `cuMemFree` or `cuMemFree_v2` gives it back.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAlloc(dptr: *mut CuDevicePtrV1, bytesize: c_uint) -> CuResult {
+    let forward = || {
+        call_real!(
+            R_MEM_ALLOC_V1,
+            fn(*mut CuDevicePtrV1, c_uint),
+            dptr,
+            bytesize
+        )
+    };
+    if dptr.is_null() || bytesize == 0 {
+        return forward();
+    }
+    counted_alloc(
+        Kind::DevicePtr,
+        current_pos,
+        u64::from(bytesize),
+        forward,
+        // SAFETY: dptr is non-null and the driver wrote it on success.
+        || u64::from(unsafe { *dptr }),
+    )
+}
+
+/// Legacy `cuMemAllocPitch` (32-bit pointer, pitch and sizes).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAllocPitch(
+    dptr: *mut CuDevicePtrV1,
+    pitch: *mut c_uint,
+    width_bytes: c_uint,
+    height: c_uint,
+    element_size: c_uint,
+) -> CuResult {
+    let forward = || {
+        call_real!(
+            R_MEM_ALLOC_PITCH_V1,
+            fn(*mut CuDevicePtrV1, *mut c_uint, c_uint, c_uint, c_uint),
+            dptr,
+            pitch,
+            width_bytes,
+            height,
+            element_size
+        )
+    };
+    let estimate = u64::from(width_bytes) * u64::from(height);
+    if estimate == 0 || dptr.is_null() || pitch.is_null() {
+        return forward();
+    }
+    alloc_pitched(
+        estimate,
+        u64::from(height),
+        forward,
+        // SAFETY: both out-pointers are non-null and written by the driver on success.
+        || unsafe { (u64::from(*dptr), u64::from(*pitch)) },
+        |ptr| {
+            call_real!(R_MEM_FREE_V1, fn(CuDevicePtrV1), ptr as CuDevicePtrV1);
+        },
+    )
+}
+
+/// Legacy `cuMemFree` (32-bit pointer).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemFree(dptr: CuDevicePtrV1) -> CuResult {
+    counted_free(Kind::DevicePtr, u64::from(dptr), || {
+        call_real!(R_MEM_FREE_V1, fn(CuDevicePtrV1), dptr)
     })
 }
 
@@ -475,22 +582,101 @@ pub struct Array3dDescriptor {
     pub flags: c_uint,
 }
 
-/// Bytes per channel of a `CUarray_format` (4 for formats we do not know: an estimate; the
-/// driver's own padding is not visible to us).
-fn format_bytes(format: c_uint) -> u64 {
-    match format {
-        0x01 | 0x08 => 1,        // UNSIGNED_INT8, SIGNED_INT8
-        0x02 | 0x09 | 0x10 => 2, // UNSIGNED_INT16, SIGNED_INT16, HALF
-        _ => 4,                  // UNSIGNED_INT32, SIGNED_INT32, FLOAT, others
-    }
+/// `CUDA_ARRAY_DESCRIPTOR_v1` (legacy `cuArrayCreate`).
+#[repr(C)]
+pub struct ArrayDescriptorV1 {
+    pub width: c_uint,
+    pub height: c_uint,
+    pub format: c_uint,
+    pub num_channels: c_uint,
 }
 
-fn array_bytes(width: usize, height: usize, depth: usize, format: c_uint, channels: c_uint) -> u64 {
-    [height, depth]
-        .iter()
-        .fold(width as u64, |acc, &d| acc.saturating_mul(d.max(1) as u64))
-        .saturating_mul(format_bytes(format))
-        .saturating_mul(u64::from(channels.max(1)))
+/// `CUDA_ARRAY3D_DESCRIPTOR_v1` (legacy `cuArray3DCreate`).
+#[repr(C)]
+pub struct Array3dDescriptorV1 {
+    pub width: c_uint,
+    pub height: c_uint,
+    pub depth: c_uint,
+    pub format: c_uint,
+    pub num_channels: c_uint,
+    pub flags: c_uint,
+}
+
+/// `CUDA_ARRAY3D_LAYERED`: depth counts layers.
+const ARRAY3D_LAYERED: c_uint = 0x01;
+/// `CUDA_ARRAY3D_CUBEMAP`: depth counts faces (6, or 6 × layers).
+const ARRAY3D_CUBEMAP: c_uint = 0x04;
+
+/// Bytes per element of a `CUarray_format` with `channels` channels. The `…X1/X2/X4` formats
+/// name their channel count and count at least that many. Formats we do not know
+/// (block-compressed, YUV, newer ones) count 4 bytes a channel: an estimate; the driver's own
+/// padding is not visible to us.
+fn element_bytes(format: c_uint, channels: c_uint) -> u64 {
+    let (size, named) = match format {
+        0x01 | 0x08 => (1, 1),        // UNSIGNED_INT8, SIGNED_INT8
+        0x02 | 0x09 | 0x10 => (2, 1), // UNSIGNED_INT16, SIGNED_INT16, HALF
+        0xc0 | 0xc6 => (1, 1),        // UNORM_INT8X1, SNORM_INT8X1
+        0xc1 | 0xc7 => (1, 2),        // UNORM_INT8X2, SNORM_INT8X2
+        0xc2 | 0xc8 => (1, 4),        // UNORM_INT8X4, SNORM_INT8X4
+        0xc3 | 0xc9 => (2, 1),        // UNORM_INT16X1, SNORM_INT16X1
+        0xc4 | 0xca => (2, 2),        // UNORM_INT16X2, SNORM_INT16X2
+        0xc5 | 0xcb => (2, 4),        // UNORM_INT16X4, SNORM_INT16X4
+        _ => (4, 1),                  // UNSIGNED_INT32, SIGNED_INT32, FLOAT, others
+    };
+    size * u64::from(channels.max(named))
+}
+
+/// A `width × height × depth` array (a zero height or depth is one row or slice).
+fn array_bytes(width: u64, height: u64, depth: u64, format: c_uint, channels: c_uint) -> u64 {
+    width
+        .saturating_mul(height.max(1))
+        .saturating_mul(depth.max(1))
+        .saturating_mul(element_bytes(format, channels))
+}
+
+/// Every level of a mipmapped array: level `l` is `max(1, extent >> l)` in width, height and
+/// (for a 3D array) depth; a layered or cubemap array keeps its depth at every level, since
+/// depth counts its layers (faces) there. The level count is clamped as the driver clamps it,
+/// to `[1, 1 + floor(log2(max(width, height, depth)))]`.
+fn mipmapped_bytes(d: &Array3dDescriptor, levels: c_uint) -> u64 {
+    let (w, h, depth) = (d.width as u64, d.height as u64, d.depth as u64);
+    let most = u64::BITS - w.max(h).max(depth).max(1).leading_zeros();
+    let layers = d.flags & (ARRAY3D_LAYERED | ARRAY3D_CUBEMAP) != 0;
+    (0..levels.clamp(1, most)).fold(0u64, |sum, l| {
+        let level = |extent: u64| (extent >> l).max(1);
+        let level_depth = if layers { depth } else { level(depth) };
+        sum.saturating_add(array_bytes(
+            level(w),
+            level(h),
+            level_depth,
+            d.format,
+            d.num_channels,
+        ))
+    })
+}
+
+/// An array allocation of `bytes` (None: no descriptor) on the current context's device, keyed
+/// by the handle the driver writes to `handle`; passed through uncounted when either pointer
+/// is null (the driver answers those).
+fn alloc_array(
+    kind: Kind,
+    handle: *mut *mut c_void,
+    bytes: Option<u64>,
+    forward: impl FnOnce() -> CuResult,
+) -> CuResult {
+    let Some(bytes) = bytes.filter(|_| !handle.is_null()) else {
+        return forward();
+    };
+    counted_alloc(kind, current_pos, bytes, forward, || {
+        // SAFETY: handle is non-null and written by the driver on success.
+        unsafe { *handle as u64 }
+    })
+}
+
+/// The descriptor's size, None for a null descriptor.
+fn desc_bytes<D>(desc: *const D, bytes: impl FnOnce(&D) -> u64) -> Option<u64> {
+    // SAFETY: a non-null descriptor points at the caller's descriptor of this type.
+    unsafe { desc.as_ref() }.map(bytes)
 }
 
 #[unsafe(no_mangle)]
@@ -498,23 +684,16 @@ pub unsafe extern "C" fn cuArrayCreate_v2(
     array: *mut CuArray,
     desc: *const ArrayDescriptor,
 ) -> CuResult {
-    let forward = || {
+    let bytes = desc_bytes(desc, |d| {
+        array_bytes(d.width as u64, d.height as u64, 1, d.format, d.num_channels)
+    });
+    alloc_array(Kind::Array, array, bytes, || {
         call_real!(
             R_ARRAY_CREATE,
             fn(*mut CuArray, *const ArrayDescriptor),
             array,
             desc
         )
-    };
-    if array.is_null() || desc.is_null() {
-        return forward();
-    }
-    // SAFETY: desc is non-null and points at the caller's CUDA_ARRAY_DESCRIPTOR.
-    let d = unsafe { &*desc };
-    let bytes = array_bytes(d.width, d.height, 1, d.format, d.num_channels);
-    counted_alloc(Kind::Array, current_pos, bytes, forward, || {
-        // SAFETY: array is non-null and written by the driver on success.
-        unsafe { *array as u64 }
     })
 }
 
@@ -523,23 +702,57 @@ pub unsafe extern "C" fn cuArray3DCreate_v2(
     array: *mut CuArray,
     desc: *const Array3dDescriptor,
 ) -> CuResult {
-    let forward = || {
+    let bytes = desc_bytes(desc, |d| {
+        let (w, h, depth) = (d.width as u64, d.height as u64, d.depth as u64);
+        array_bytes(w, h, depth, d.format, d.num_channels)
+    });
+    alloc_array(Kind::Array, array, bytes, || {
         call_real!(
             R_ARRAY_3D_CREATE,
             fn(*mut CuArray, *const Array3dDescriptor),
             array,
             desc
         )
-    };
-    if array.is_null() || desc.is_null() {
-        return forward();
-    }
-    // SAFETY: desc is non-null and points at the caller's CUDA_ARRAY3D_DESCRIPTOR.
-    let d = unsafe { &*desc };
-    let bytes = array_bytes(d.width, d.height, d.depth, d.format, d.num_channels);
-    counted_alloc(Kind::Array, current_pos, bytes, forward, || {
-        // SAFETY: array is non-null and written by the driver on success.
-        unsafe { *array as u64 }
+    })
+}
+
+/// Legacy `cuArrayCreate` (`CUDA_ARRAY_DESCRIPTOR_v1`: 32-bit extents).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuArrayCreate(
+    array: *mut CuArray,
+    desc: *const ArrayDescriptorV1,
+) -> CuResult {
+    let bytes = desc_bytes(desc, |d| {
+        let (w, h) = (u64::from(d.width), u64::from(d.height));
+        array_bytes(w, h, 1, d.format, d.num_channels)
+    });
+    alloc_array(Kind::Array, array, bytes, || {
+        call_real!(
+            R_ARRAY_CREATE_V1,
+            fn(*mut CuArray, *const ArrayDescriptorV1),
+            array,
+            desc
+        )
+    })
+}
+
+/// Legacy `cuArray3DCreate` (`CUDA_ARRAY3D_DESCRIPTOR_v1`: 32-bit extents).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuArray3DCreate(
+    array: *mut CuArray,
+    desc: *const Array3dDescriptorV1,
+) -> CuResult {
+    let bytes = desc_bytes(desc, |d| {
+        let (w, h, depth) = (u64::from(d.width), u64::from(d.height), u64::from(d.depth));
+        array_bytes(w, h, depth, d.format, d.num_channels)
+    });
+    alloc_array(Kind::Array, array, bytes, || {
+        call_real!(
+            R_ARRAY_3D_CREATE_V1,
+            fn(*mut CuArray, *const Array3dDescriptorV1),
+            array,
+            desc
+        )
     })
 }
 
@@ -550,20 +763,38 @@ pub unsafe extern "C" fn cuArrayDestroy(array: CuArray) -> CuResult {
     })
 }
 
-/// The view: total = the quota (never more than the device has), free = quota − container
-/// usage (saturating; never more than the device has free).
+/// Mipmapped array: all its levels counted ([`mipmapped_bytes`]).
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CuResult {
-    if free.is_null() || total.is_null() {
-        return CUDA_ERROR_INVALID_VALUE;
-    }
-    let Some(lim) = limiter() else {
-        return CUDA_ERROR_NOT_PERMITTED;
-    };
-    let pos = match current_pos(lim) {
-        Ok(p) => p,
-        Err(rc) => return rc,
-    };
+pub unsafe extern "C" fn cuMipmappedArrayCreate(
+    handle: *mut CuMipmappedArray,
+    desc: *const Array3dDescriptor,
+    levels: c_uint,
+) -> CuResult {
+    let bytes = desc_bytes(desc, |d| mipmapped_bytes(d, levels));
+    alloc_array(Kind::MipmappedArray, handle, bytes, || {
+        call_real!(
+            R_MIPMAPPED_ARRAY_CREATE,
+            fn(*mut CuMipmappedArray, *const Array3dDescriptor, c_uint),
+            handle,
+            desc,
+            levels
+        )
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMipmappedArrayDestroy(handle: CuMipmappedArray) -> CuResult {
+    counted_free(Kind::MipmappedArray, handle as u64, || {
+        call_real!(R_MIPMAPPED_ARRAY_DESTROY, fn(CuMipmappedArray), handle)
+    })
+}
+
+/// The view of the current context's device as (free, total): total = the quota (never more
+/// than the device has), free = quota − container usage (saturating; never more than the
+/// device has free).
+fn view_info() -> Result<(u64, u64), CuResult> {
+    let lim = limiter().ok_or(CUDA_ERROR_NOT_PERMITTED)?;
+    let pos = current_pos(lim)?;
     let (mut real_free, mut real_total) = (0usize, 0usize);
     let rc = call_real!(
         R_MEM_GET_INFO,
@@ -572,26 +803,16 @@ pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) ->
         &mut real_total
     );
     if rc != CUDA_SUCCESS {
-        return rc;
+        return Err(rc);
     }
     let limit = lim.limit(pos).min(real_total as u64);
     let left = limit.saturating_sub(lim.used(pos)).min(real_free as u64);
-    // SAFETY: both out-pointers were checked non-null.
-    unsafe {
-        *total = limit as usize;
-        *free = left as usize;
-    }
-    CUDA_SUCCESS
+    Ok((left, limit))
 }
 
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CuDevice) -> CuResult {
-    if bytes.is_null() {
-        return CUDA_ERROR_INVALID_VALUE;
-    }
-    let Some(lim) = limiter() else {
-        return CUDA_ERROR_NOT_PERMITTED;
-    };
+/// The view of device `dev`'s total: its quota, never more than the device has.
+fn view_total(dev: CuDevice) -> Result<u64, CuResult> {
+    let lim = limiter().ok_or(CUDA_ERROR_NOT_PERMITTED)?;
     let mut real_total = 0usize;
     let rc = call_real!(
         R_DEVICE_TOTAL_MEM,
@@ -600,15 +821,85 @@ pub unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CuDevice) -
         dev
     );
     if rc != CUDA_SUCCESS {
-        return rc;
+        return Err(rc);
     }
-    let pos = match device_pos(lim, dev) {
-        Ok(p) => p,
-        Err(rc) => return rc,
-    };
-    // SAFETY: checked non-null.
-    unsafe { *bytes = lim.limit(pos).min(real_total as u64) as usize };
-    CUDA_SUCCESS
+    let pos = device_pos(lim, dev)?;
+    Ok(lim.limit(pos).min(real_total as u64))
+}
+
+/// A byte count for a legacy `unsigned int` out-parameter: saturated at 4 GiB − 1 rather than
+/// wrapped (a wrapped total could read less than what is in use).
+fn saturate_u32(bytes: u64) -> c_uint {
+    c_uint::try_from(bytes).unwrap_or(c_uint::MAX)
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CuResult {
+    if free.is_null() || total.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    match view_info() {
+        Ok((left, limit)) => {
+            // SAFETY: both out-pointers were checked non-null.
+            unsafe {
+                *total = limit as usize;
+                *free = left as usize;
+            }
+            CUDA_SUCCESS
+        }
+        Err(rc) => rc,
+    }
+}
+
+/// Legacy `cuMemGetInfo` (`unsigned int` out-parameters): the same view, saturated. The real
+/// figures come from the driver's `cuMemGetInfo_v2`, which cannot wrap.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemGetInfo(free: *mut c_uint, total: *mut c_uint) -> CuResult {
+    if free.is_null() || total.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    match view_info() {
+        Ok((left, limit)) => {
+            // SAFETY: both out-pointers were checked non-null.
+            unsafe {
+                *total = saturate_u32(limit);
+                *free = saturate_u32(left);
+            }
+            CUDA_SUCCESS
+        }
+        Err(rc) => rc,
+    }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CuDevice) -> CuResult {
+    if bytes.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    match view_total(dev) {
+        Ok(total) => {
+            // SAFETY: checked non-null.
+            unsafe { *bytes = total as usize };
+            CUDA_SUCCESS
+        }
+        Err(rc) => rc,
+    }
+}
+
+/// Legacy `cuDeviceTotalMem` (`unsigned int` out-parameter): the same view, saturated.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDeviceTotalMem(bytes: *mut c_uint, dev: CuDevice) -> CuResult {
+    if bytes.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    match view_total(dev) {
+        Ok(total) => {
+            // SAFETY: checked non-null.
+            unsafe { *bytes = saturate_u32(total) };
+            CUDA_SUCCESS
+        }
+        Err(rc) => rc,
+    }
 }
 
 /// `CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM`.
@@ -617,7 +908,8 @@ const PER_THREAD_DEFAULT_STREAM: u64 = 1 << 1;
 /// Replaces what the real `cuGetProcAddress` found with our wrapper of the same function.
 ///
 /// The match is by address: whichever versioned variant the driver chose for the requested
-/// name, version and flags (`cuMemAlloc` at 3020+ → `cuMemAlloc_v2`, `_ptsz` variants,
+/// name, version and flags (`cuMemAlloc` below 3020 → the legacy `cuMemAlloc`, at 3020+ →
+/// `cuMemAlloc_v2`, `_ptsz` variants,
 /// `cuGetProcAddress` at 12000+ → `_v2`), the wrapper handed back is the one for that exact
 /// variant, so the caller's ABI is kept. A driver that hands back an address we do not know
 /// keeps its own answer, except for the names below resolved by version.

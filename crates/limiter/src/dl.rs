@@ -31,7 +31,7 @@ macro_rules! hooks {
     };
 }
 
-static CUDA_HOOKS: [Hook; 19] = hooks![
+static CUDA_HOOKS: [Hook; 28] = hooks![
     R_MEM_ALLOC => cuMemAlloc_v2,
     R_MEM_ALLOC_PITCH => cuMemAllocPitch_v2,
     R_MEM_ALLOC_MANAGED => cuMemAllocManaged,
@@ -47,8 +47,17 @@ static CUDA_HOOKS: [Hook; 19] = hooks![
     R_ARRAY_CREATE => cuArrayCreate_v2,
     R_ARRAY_3D_CREATE => cuArray3DCreate_v2,
     R_ARRAY_DESTROY => cuArrayDestroy,
+    R_MIPMAPPED_ARRAY_CREATE => cuMipmappedArrayCreate,
+    R_MIPMAPPED_ARRAY_DESTROY => cuMipmappedArrayDestroy,
     R_MEM_GET_INFO => cuMemGetInfo_v2,
     R_DEVICE_TOTAL_MEM => cuDeviceTotalMem_v2,
+    R_MEM_ALLOC_V1 => cuMemAlloc,
+    R_MEM_ALLOC_PITCH_V1 => cuMemAllocPitch,
+    R_MEM_FREE_V1 => cuMemFree,
+    R_ARRAY_CREATE_V1 => cuArrayCreate,
+    R_ARRAY_3D_CREATE_V1 => cuArray3DCreate,
+    R_MEM_GET_INFO_V1 => cuMemGetInfo,
+    R_DEVICE_TOTAL_MEM_V1 => cuDeviceTotalMem,
     R_GET_PROC_ADDRESS => cuGetProcAddress,
     R_GET_PROC_ADDRESS_V2 => cuGetProcAddress_v2,
 ];

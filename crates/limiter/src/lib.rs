@@ -4,8 +4,9 @@
 //! it. Limits come from the read-only file the agent writes ([`gpushare_core::limiter`]);
 //! the processes of one container share one quota through the agent-created region.
 //!
-//! - [`cuda`] — allocation paths counted and refused over quota; `cuMemGetInfo_v2`,
-//!   `cuDeviceTotalMem_v2`; `cuGetProcAddress`/`_v2` hand back our wrappers;
+//! - [`cuda`] — allocation paths (mipmapped arrays and the pre-3.2 legacy entry points
+//!   included) counted and refused over quota; `cuMemGetInfo`/`_v2`,
+//!   `cuDeviceTotalMem`/`_v2`; `cuGetProcAddress`/`_v2` hand back our wrappers;
 //! - [`nvml`] — `nvmlDeviceGetMemoryInfo`/`_v2`;
 //! - [`dl`] — `dlsym`, for programs that `dlopen` the driver;
 //! - `state` — limits, region, slots, the allocation table;

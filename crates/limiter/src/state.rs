@@ -6,7 +6,10 @@
 //! 0). Loading never blocks on another thread either (racing loaders each build a state and
 //! the first to publish wins), so a `fork` at any instant cannot leave a child waiting on a
 //! parent's thread. The only lock is process-local (the allocation table) and `pthread_atfork`
-//! handlers keep it consistent across `fork`.
+//! handlers keep it consistent across `fork`: the child starts with an empty table and no slot.
+//! A child made without those handlers (glibc's `_Fork`, a raw `clone`) keeps naming its
+//! parent's slot: what it allocates is counted there (over-counting the parent until it exits),
+//! and its exit leaves the slot alone.
 
 use std::cell::UnsafeCell;
 use std::collections::BTreeMap;
@@ -324,14 +327,20 @@ impl Limiter {
         freed
     }
 
-    /// This process's exit: its counts go with it.
+    /// This process's exit: its counts go with it. Only the process that claimed the slot
+    /// frees it: a child forked without the atfork handlers (glibc's `_Fork`, a raw `clone`)
+    /// still names its parent's slot and must leave it alone.
     fn release_slot(&self) {
+        let me = MY_OWNER.load(Acquire);
+        // SAFETY: getpid has no preconditions.
+        if OwnerWord(me).pid() != unsafe { libc::getpid() } as u32 {
+            return;
+        }
         let idx = MY_SLOT.swap(NO_SLOT, AcqRel);
         if idx >= REGION_SLOTS {
             return;
         }
         let slot = &self.slots()[idx];
-        let me = MY_OWNER.load(Acquire);
         for used in &slot.used {
             used.store(0, SeqCst);
         }
@@ -383,6 +392,7 @@ pub(crate) enum Kind {
     DevicePtr,
     VmmHandle,
     Array,
+    MipmappedArray,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -422,10 +432,45 @@ impl Table {
 
     pub(crate) fn with<R>(&self, f: impl FnOnce(&mut BTreeMap<(Kind, u64), Counted>) -> R) -> R {
         self.lock();
+        #[cfg(feature = "test-paths")]
+        test_hooks::hold_table();
         // SAFETY: the lock is held, so this is the only reference to the map.
         let r = f(unsafe { &mut *self.map.get() });
         self.unlock();
         r
+    }
+}
+
+/// Test build only (never shipped): lets a test fork while another thread holds the
+/// allocation table's lock — a window too short to hit by chance.
+#[cfg(feature = "test-paths")]
+mod test_hooks {
+    use std::sync::atomic::AtomicU64;
+    use std::sync::atomic::Ordering::SeqCst;
+
+    static STALL_US: AtomicU64 = AtomicU64::new(0);
+    static HOLDERS: AtomicU64 = AtomicU64::new(0);
+
+    /// Called with the lock held: stays there for the stall a test asked for.
+    pub(super) fn hold_table() {
+        let us = STALL_US.load(SeqCst);
+        if us > 0 {
+            HOLDERS.fetch_add(1, SeqCst);
+            std::thread::sleep(std::time::Duration::from_micros(us));
+            HOLDERS.fetch_sub(1, SeqCst);
+        }
+    }
+
+    /// Every hold of the table's lock lasts `us` microseconds from now on (0: no stall).
+    #[unsafe(no_mangle)]
+    pub extern "C" fn gpushareLimiterTestStallTableUs(us: u64) {
+        STALL_US.store(us, SeqCst);
+    }
+
+    /// Whether a thread is stalled holding the table's lock now.
+    #[unsafe(no_mangle)]
+    pub extern "C" fn gpushareLimiterTestTableHeld() -> u64 {
+        HOLDERS.load(SeqCst)
     }
 }
 

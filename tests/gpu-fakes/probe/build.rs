@@ -24,6 +24,15 @@ const SYMBOLS: &[&str] = &[
     "cuMemGetInfo_v2",
     "cuDeviceTotalMem_v2",
     "cuGetProcAddress",
+    "cuMipmappedArrayCreate",
+    "cuMipmappedArrayDestroy",
+    "cuMemAlloc",
+    "cuMemAllocPitch",
+    "cuMemFree",
+    "cuArrayCreate",
+    "cuArray3DCreate",
+    "cuMemGetInfo",
+    "cuDeviceTotalMem",
 ];
 
 fn main() {

@@ -4,15 +4,20 @@
 //! `cuCtxCreate_v2`, `cuCtxGetDevice`, `cuDeviceGetUuid`). Like the real driver it refuses
 //! calls before `cuInit` (`CUDA_ERROR_NOT_INITIALIZED`) or without a context
 //! (`CUDA_ERROR_INVALID_CONTEXT`), and `cuGetProcAddress` picks versioned variants itself
-//! (`_v2` from 3020, `_ptsz` with the per-thread flag, `cuGetProcAddress_v2` from 12000).
-//! `gpushareFakeCudaUsedBytes` tells a test what the "driver" holds.
+//! (`_v2` from 3020 and the legacy 32-bit entry point below, `_ptsz` with the per-thread
+//! flag, `cuGetProcAddress_v2` from 12000). Legacy allocations get addresses below 4 GiB (a
+//! `CUdeviceptr_v1` is 32 bits); the legacy views saturate at 4 GiB − 1.
+//! `gpushareFakeCudaUsedBytes` tells a test what the "driver" holds;
+//! `gpushareFakeCudaSetAllocDelayUs` keeps every allocation inside the driver for a while and
+//! `gpushareFakeCudaAllocsInFlight` says how many are (for forking mid-allocation). Its own
+//! state survives `fork` at any instant (the allocation table's lock is held across it).
 
 #![allow(non_snake_case, clippy::missing_safety_doc)]
 
+use std::cell::UnsafeCell;
 use std::collections::BTreeMap;
 use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
-use std::sync::Mutex;
-use std::sync::atomic::Ordering::SeqCst;
+use std::sync::atomic::Ordering::{Acquire, Relaxed, Release, SeqCst};
 use std::sync::atomic::{AtomicBool, AtomicU64};
 
 type CuResult = c_int;
@@ -36,7 +41,87 @@ static INIT: AtomicBool = AtomicBool::new(false);
 static CONTEXT: AtomicBool = AtomicBool::new(false);
 static USED: AtomicU64 = AtomicU64::new(0);
 static NEXT: AtomicU64 = AtomicU64::new(0x7f00_0000_0000);
-static ALLOCS: Mutex<BTreeMap<u64, u64>> = Mutex::new(BTreeMap::new());
+/// Where the legacy (32-bit `CUdeviceptr_v1`) allocations are placed: below 4 GiB.
+static NEXT_V1: AtomicU64 = AtomicU64::new(0x1000_0000);
+static ALLOCS: Allocs = Allocs {
+    locked: AtomicBool::new(false),
+    map: UnsafeCell::new(BTreeMap::new()),
+};
+/// Test knob: how long each allocation stays inside the driver (µs), and how many are there.
+static ALLOC_DELAY_US: AtomicU64 = AtomicU64::new(0);
+static IN_FLIGHT: AtomicU64 = AtomicU64::new(0);
+
+/// The allocation table behind a spin lock that `fork` handlers hold across `fork`, so a child
+/// forked while another thread allocates finds it unlocked (a `Mutex` would stay locked).
+struct Allocs {
+    locked: AtomicBool,
+    map: UnsafeCell<BTreeMap<u64, u64>>,
+}
+
+// SAFETY: map is only touched while `locked` is held.
+unsafe impl Sync for Allocs {}
+
+impl Allocs {
+    fn lock(&self) {
+        while self
+            .locked
+            .compare_exchange_weak(false, true, Acquire, Relaxed)
+            .is_err()
+        {
+            std::thread::yield_now();
+        }
+    }
+
+    fn unlock(&self) {
+        self.locked.store(false, Release);
+    }
+
+    fn with<R>(&self, f: impl FnOnce(&mut BTreeMap<u64, u64>) -> R) -> R {
+        self.lock();
+        // SAFETY: the lock is held, so this is the only reference to the map.
+        let r = f(unsafe { &mut *self.map.get() });
+        self.unlock();
+        r
+    }
+}
+
+unsafe extern "C" {
+    fn pthread_atfork(
+        prepare: Option<extern "C" fn()>,
+        parent: Option<extern "C" fn()>,
+        child: Option<extern "C" fn()>,
+    ) -> c_int;
+}
+
+static FORK_HANDLERS: AtomicBool = AtomicBool::new(false);
+
+fn register_fork_handlers() {
+    if FORK_HANDLERS.swap(true, SeqCst) {
+        return;
+    }
+    extern "C" fn prepare() {
+        ALLOCS.lock();
+    }
+    extern "C" fn after() {
+        ALLOCS.unlock();
+    }
+    // SAFETY: registers functions that live as long as the process.
+    unsafe {
+        pthread_atfork(Some(prepare), Some(after), Some(after));
+    }
+}
+
+/// Test knob: every allocation waits `us` microseconds inside the driver from now on.
+#[unsafe(no_mangle)]
+pub extern "C" fn gpushareFakeCudaSetAllocDelayUs(us: u64) {
+    ALLOC_DELAY_US.store(us, SeqCst);
+}
+
+/// Allocations inside the driver right now.
+#[unsafe(no_mangle)]
+pub extern "C" fn gpushareFakeCudaAllocsInFlight() -> u64 {
+    IN_FLIGHT.load(SeqCst)
+}
 
 fn ready() -> Result<(), CuResult> {
     if !INIT.load(SeqCst) {
@@ -49,6 +134,28 @@ fn ready() -> Result<(), CuResult> {
 }
 
 fn alloc(size: u64) -> Result<u64, CuResult> {
+    alloc_at(&NEXT, u64::MAX, size)
+}
+
+/// A legacy allocation: its address fits a 32-bit `CUdeviceptr_v1`.
+fn alloc_v1(size: u64) -> Result<u32, CuResult> {
+    alloc_at(&NEXT_V1, u64::from(u32::MAX), size).map(|p| p as u32)
+}
+
+/// Takes `size` bytes of the GPU at the next 2 MiB-aligned address of `next`, refusing an
+/// address range past `end`.
+fn alloc_at(next: &AtomicU64, end: u64, size: u64) -> Result<u64, CuResult> {
+    IN_FLIGHT.fetch_add(1, SeqCst);
+    let delay = ALLOC_DELAY_US.load(SeqCst);
+    if delay > 0 {
+        std::thread::sleep(std::time::Duration::from_micros(delay));
+    }
+    let r = take(next, end, size);
+    IN_FLIGHT.fetch_sub(1, SeqCst);
+    r
+}
+
+fn take(next: &AtomicU64, end: u64, size: u64) -> Result<u64, CuResult> {
     ready()?;
     if size == 0 {
         return Err(INVALID_VALUE);
@@ -61,8 +168,13 @@ fn alloc(size: u64) -> Result<u64, CuResult> {
     {
         return Err(OUT_OF_MEMORY);
     }
-    let handle = NEXT.fetch_add(size.div_ceil(1 << 21) << 21, SeqCst);
-    ALLOCS.lock().unwrap().insert(handle, size);
+    let span = size.div_ceil(1 << 21) << 21;
+    let handle = next.fetch_add(span, SeqCst);
+    if handle.checked_add(span).is_none_or(|e| e > end) {
+        USED.fetch_sub(size, SeqCst);
+        return Err(OUT_OF_MEMORY);
+    }
+    ALLOCS.with(|m| m.insert(handle, size));
     Ok(handle)
 }
 
@@ -70,7 +182,7 @@ fn free(handle: u64) -> CuResult {
     if let Err(rc) = ready() {
         return rc;
     }
-    match ALLOCS.lock().unwrap().remove(&handle) {
+    match ALLOCS.with(|m| m.remove(&handle)) {
         Some(size) => {
             USED.fetch_sub(size, SeqCst);
             SUCCESS
@@ -114,6 +226,7 @@ pub extern "C" fn gpushareFakeCudaUsedBytes() -> u64 {
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuInit(_flags: c_uint) -> CuResult {
+    register_fork_handlers();
     INIT.store(true, SeqCst);
     SUCCESS
 }
@@ -209,6 +322,39 @@ pub extern "C" fn cuMemFree_v2(dptr: u64) -> CuResult {
     free(dptr)
 }
 
+/// Legacy (pre-3.2) `cuMemAlloc`: `unsigned int` size, 32-bit pointer.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAlloc(dptr: *mut u32, size: c_uint) -> CuResult {
+    out(dptr, alloc_v1(u64::from(size)))
+}
+
+/// Legacy `cuMemAllocPitch`: 32-bit pointer, pitch and sizes; rows padded to 512 bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAllocPitch(
+    dptr: *mut u32,
+    pitch: *mut c_uint,
+    width: c_uint,
+    height: c_uint,
+    _element: c_uint,
+) -> CuResult {
+    if pitch.is_null() {
+        return INVALID_VALUE;
+    }
+    let p = width.div_ceil(512) * 512;
+    let rc = out(dptr, alloc_v1(u64::from(p) * u64::from(height)));
+    if rc == SUCCESS {
+        // SAFETY: checked non-null.
+        unsafe { pitch.write(p) };
+    }
+    rc
+}
+
+/// Legacy `cuMemFree`: a 32-bit pointer.
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemFree(dptr: u32) -> CuResult {
+    free(u64::from(dptr))
+}
+
 #[unsafe(no_mangle)]
 pub extern "C" fn cuMemFreeAsync(dptr: u64, _stream: *mut c_void) -> CuResult {
     free(dptr)
@@ -242,7 +388,7 @@ pub unsafe extern "C" fn cuMemCreate(
         return rc;
     }
     let h = NEXT.fetch_add(1 << 21, SeqCst);
-    ALLOCS.lock().unwrap().insert(h, 0);
+    ALLOCS.with(|m| m.insert(h, 0));
     out(handle, Ok(h))
 }
 
@@ -258,6 +404,29 @@ fn array_size(width: usize, height: usize, depth: usize, format: c_uint, channel
         _ => 4,
     };
     (width.max(1) * height.max(1) * depth.max(1)) as u64 * elem * u64::from(channels.max(1))
+}
+
+/// A mipmapped array's levels: each halves width, height and (unless the array is layered or a
+/// cubemap, whose depth counts layers) depth, down to 1; the level count is clamped to
+/// `1 + floor(log2(largest extent))`.
+fn mipmapped_size(
+    w: usize,
+    h: usize,
+    d: usize,
+    format: c_uint,
+    channels: c_uint,
+    flags: c_uint,
+    levels: c_uint,
+) -> u64 {
+    let largest = w.max(h).max(d).max(1);
+    let most = usize::BITS - largest.leading_zeros();
+    let layered = flags & (0x01 | 0x04) != 0;
+    (0..levels.clamp(1, most))
+        .map(|l| {
+            let depth = if layered { d } else { (d >> l).max(1) };
+            array_size((w >> l).max(1), (h >> l).max(1), depth, format, channels)
+        })
+        .sum()
 }
 
 #[unsafe(no_mangle)]
@@ -286,9 +455,59 @@ pub unsafe extern "C" fn cuArray3DCreate_v2(array: *mut u64, desc: *const [usize
     )
 }
 
+/// Legacy `cuArrayCreate`: a `CUDA_ARRAY_DESCRIPTOR_v1` (four u32: width, height, format,
+/// channels).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuArrayCreate(array: *mut u64, desc: *const [u32; 4]) -> CuResult {
+    if desc.is_null() {
+        return INVALID_VALUE;
+    }
+    // SAFETY: desc points at a CUDA_ARRAY_DESCRIPTOR_v1.
+    let [w, h, format, channels] = unsafe { desc.read() };
+    out(
+        array,
+        alloc(array_size(w as usize, h as usize, 1, format, channels)),
+    )
+}
+
+/// Legacy `cuArray3DCreate`: a `CUDA_ARRAY3D_DESCRIPTOR_v1` (six u32: width, height, depth,
+/// format, channels, flags).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuArray3DCreate(array: *mut u64, desc: *const [u32; 6]) -> CuResult {
+    if desc.is_null() {
+        return INVALID_VALUE;
+    }
+    // SAFETY: desc points at a CUDA_ARRAY3D_DESCRIPTOR_v1.
+    let [w, h, d, format, channels, _] = unsafe { desc.read() };
+    let size = array_size(w as usize, h as usize, d as usize, format, channels);
+    out(array, alloc(size))
+}
+
 #[unsafe(no_mangle)]
 pub extern "C" fn cuArrayDestroy(array: u64) -> CuResult {
     free(array)
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMipmappedArrayCreate(
+    handle: *mut u64,
+    desc: *const [usize; 5],
+    levels: c_uint,
+) -> CuResult {
+    if desc.is_null() {
+        return INVALID_VALUE;
+    }
+    // SAFETY: desc points at a CUDA_ARRAY3D_DESCRIPTOR: width, height, depth, format and
+    // channels (two u32), flags.
+    let [w, h, d, fc, flags] = unsafe { desc.read() };
+    let (format, channels) = (fc as u32, (fc >> 32) as u32);
+    let size = mipmapped_size(w, h, d, format, channels, flags as u32, levels);
+    out(handle, alloc(size))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMipmappedArrayDestroy(handle: u64) -> CuResult {
+    free(handle)
 }
 
 #[unsafe(no_mangle)]
@@ -310,6 +529,34 @@ pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) ->
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: c_int) -> CuResult {
     on_device(bytes, dev, TOTAL as usize)
+}
+
+/// The legacy views' `unsigned int`: this fake saturates at 4 GiB − 1 (15 GiB does not fit).
+fn u32_sat(bytes: u64) -> u32 {
+    u32::try_from(bytes).unwrap_or(u32::MAX)
+}
+
+/// Legacy `cuMemGetInfo`: `unsigned int` out-parameters.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemGetInfo(free: *mut u32, total: *mut u32) -> CuResult {
+    if let Err(rc) = ready() {
+        return rc;
+    }
+    if free.is_null() || total.is_null() {
+        return INVALID_VALUE;
+    }
+    // SAFETY: both checked non-null.
+    unsafe {
+        free.write(u32_sat(TOTAL - USED.load(SeqCst)));
+        total.write(u32_sat(TOTAL));
+    }
+    SUCCESS
+}
+
+/// Legacy `cuDeviceTotalMem`: an `unsigned int` out-parameter.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDeviceTotalMem(bytes: *mut u32, dev: c_int) -> CuResult {
+    on_device(bytes, dev, u32_sat(TOTAL))
 }
 
 /// The exported entry point for an exact (already versioned) name, as the real driver's
@@ -338,8 +585,17 @@ fn entry(name: &[u8]) -> Option<*mut c_void> {
         b"cuArrayCreate_v2" => cuArrayCreate_v2 as *mut c_void,
         b"cuArray3DCreate_v2" => cuArray3DCreate_v2 as *mut c_void,
         b"cuArrayDestroy" => cuArrayDestroy as *mut c_void,
+        b"cuMipmappedArrayCreate" => cuMipmappedArrayCreate as *mut c_void,
+        b"cuMipmappedArrayDestroy" => cuMipmappedArrayDestroy as *mut c_void,
         b"cuMemGetInfo_v2" => cuMemGetInfo_v2 as *mut c_void,
         b"cuDeviceTotalMem_v2" => cuDeviceTotalMem_v2 as *mut c_void,
+        b"cuMemAlloc" => cuMemAlloc as *mut c_void,
+        b"cuMemAllocPitch" => cuMemAllocPitch as *mut c_void,
+        b"cuMemFree" => cuMemFree as *mut c_void,
+        b"cuArrayCreate" => cuArrayCreate as *mut c_void,
+        b"cuArray3DCreate" => cuArray3DCreate as *mut c_void,
+        b"cuMemGetInfo" => cuMemGetInfo as *mut c_void,
+        b"cuDeviceTotalMem" => cuDeviceTotalMem as *mut c_void,
         b"cuGetProcAddress" => cuGetProcAddress as *mut c_void,
         b"cuGetProcAddress_v2" => cuGetProcAddress_v2 as *mut c_void,
         _ => return None,
@@ -367,7 +623,7 @@ fn proc_address(symbol: *const c_char, version: c_int, flags: u64) -> Option<*mu
     let mut name = base.to_vec();
     if V2_FROM_3020.contains(&base) {
         if version < 3020 {
-            return None; // the v1 (32-bit) entry points are not simulated
+            return entry(base); // the legacy (32-bit) entry point, where simulated
         }
         name.extend_from_slice(b"_v2");
     } else if base == b"cuGetProcAddress" && version >= 12000 {

@@ -3,10 +3,15 @@
 //! Each command-line argument after the mode is a step; each step prints one line
 //! (`<step> rc=<code> …`) so the tests can assert on exact values:
 //! `init`, `info`, `devtotal`, `alloc:MiB`, `managed:MiB`, `async:MiB`, `pool:MiB`,
-//! `pitch:WIDTH_BYTES:HEIGHT`, `vmm:MiB`, `vmm-host:MiB`, `array:W:H`, `array3d:W:H:D`
-//! (float, one channel), `free:N` (the N-th successful allocation, with its matching free),
+//! `pitch:WIDTH_BYTES:HEIGHT`, `vmm:MiB`, `vmm-host:MiB`, `array:W:H`, `array3d:W:H:D`,
+//! `mipmap:W:H:D:LEVELS[:FLAGS]` (float, one channel), the legacy pre-3.2 entry points
+//! `alloc32:MiB`, `pitch32:WIDTH_BYTES:HEIGHT`, `array32:W:H`, `array3d32:W:H:D`, `info32`,
+//! `devtotal32`, `free:N` (the N-th successful allocation, with its matching free),
 //! `free-bogus`, `info-null`, `devtotal-null`, `driver-used`, `nvml`, `nvml-v2`, `nvml-null`,
-//! `smi`, `ready`, `wait` (blocks until a line or EOF on stdin), `sleep:MS`.
+//! `smi`, `ready`, `wait` (blocks until a line or EOF on stdin), `sleep:MS`,
+//! `fork:STEP/STEP/…` (a child runs those steps, its lines prefixed `child `, and exits; the
+//! parent waits at most 5 s), `rawfork:STEP/…` (the same through glibc's `_Fork`, which runs no
+//! atfork handlers), `fork-race:N` (forks while another thread allocates; fake driver only).
 
 // Function pointers come from dlsym/cuGetProcAddress as void*; each transmute's target is
 // the field or binding it initialises.
@@ -39,6 +44,23 @@ pub struct Cuda {
     pub array_destroy: unsafe extern "C" fn(u64) -> CuResult,
     pub get_info: unsafe extern "C" fn(*mut usize, *mut usize) -> CuResult,
     pub total_mem: unsafe extern "C" fn(*mut usize, c_int) -> CuResult,
+    pub mipmap_create: unsafe extern "C" fn(*mut u64, *const Array3dDesc, c_uint) -> CuResult,
+    pub mipmap_destroy: unsafe extern "C" fn(u64) -> CuResult,
+    /// The pre-3.2 entry points, if the driver has them all.
+    pub legacy: Option<Legacy>,
+}
+
+/// The legacy (pre-3.2) entry points: `unsigned int` sizes, 32-bit `CUdeviceptr_v1`.
+#[derive(Clone, Copy)]
+pub struct Legacy {
+    pub alloc: unsafe extern "C" fn(*mut u32, c_uint) -> CuResult,
+    pub alloc_pitch:
+        unsafe extern "C" fn(*mut u32, *mut c_uint, c_uint, c_uint, c_uint) -> CuResult,
+    pub free: unsafe extern "C" fn(u32) -> CuResult,
+    pub array_create: unsafe extern "C" fn(*mut u64, *const ArrayDescV1) -> CuResult,
+    pub array3d_create: unsafe extern "C" fn(*mut u64, *const Array3dDescV1) -> CuResult,
+    pub get_info: unsafe extern "C" fn(*mut c_uint, *mut c_uint) -> CuResult,
+    pub total_mem: unsafe extern "C" fn(*mut c_uint, c_int) -> CuResult,
 }
 
 /// `CUmemAllocationProp`.
@@ -73,9 +95,30 @@ pub struct Array3dDesc {
     pub flags: c_uint,
 }
 
+/// `CUDA_ARRAY_DESCRIPTOR_v1`.
+#[repr(C)]
+pub struct ArrayDescV1 {
+    pub width: c_uint,
+    pub height: c_uint,
+    pub format: c_uint,
+    pub channels: c_uint,
+}
+
+/// `CUDA_ARRAY3D_DESCRIPTOR_v1`.
+#[repr(C)]
+pub struct Array3dDescV1 {
+    pub width: c_uint,
+    pub height: c_uint,
+    pub depth: c_uint,
+    pub format: c_uint,
+    pub channels: c_uint,
+    pub flags: c_uint,
+}
+
 macro_rules! resolve_all {
-    ($resolve:expr, $($field:ident = $name:literal),* $(,)?) => {{
+    ($resolve:expr, legacy = $legacy:expr, $($field:ident = $name:literal),* $(,)?) => {{
         Cuda {
+            legacy: $legacy,
             $($field: {
                 let p = $resolve($name);
                 if p.is_null() {
@@ -88,13 +131,42 @@ macro_rules! resolve_all {
     }};
 }
 
+impl Legacy {
+    /// The legacy entry points by name through `resolve` (`dlsym`, or `cuGetProcAddress` at a
+    /// version before 3020), None if any is missing.
+    pub fn resolve(resolve: Resolve) -> Option<Legacy> {
+        macro_rules! get {
+            ($name:literal) => {{
+                let p = resolve($name);
+                if p.is_null() {
+                    return None;
+                }
+                // SAFETY: the symbol's C signature is the field's type.
+                unsafe { std::mem::transmute::<*mut c_void, _>(p) }
+            }};
+        }
+        Some(Legacy {
+            alloc: get!(c"cuMemAlloc"),
+            alloc_pitch: get!(c"cuMemAllocPitch"),
+            free: get!(c"cuMemFree"),
+            array_create: get!(c"cuArrayCreate"),
+            array3d_create: get!(c"cuArray3DCreate"),
+            get_info: get!(c"cuMemGetInfo"),
+            total_mem: get!(c"cuDeviceTotalMem"),
+        })
+    }
+}
+
 impl Cuda {
     /// Resolves every entry point by its base name through `resolve` (`dlsym` or
-    /// `cuGetProcAddress`), which picks the versioned variant.
-    pub fn resolve(resolve: Resolve, versioned: bool) -> Cuda {
+    /// `cuGetProcAddress`), which picks the versioned variant; the legacy ones through
+    /// `legacy`.
+    pub fn resolve(resolve: Resolve, versioned: bool, legacy: Resolve) -> Cuda {
+        let legacy = Legacy::resolve(legacy);
         if versioned {
             resolve_all!(
                 resolve,
+                legacy = legacy,
                 init = c"cuInit",
                 device_get = c"cuDeviceGet",
                 ctx_create = c"cuCtxCreate",
@@ -111,11 +183,14 @@ impl Cuda {
                 array3d_create = c"cuArray3DCreate",
                 array_destroy = c"cuArrayDestroy",
                 get_info = c"cuMemGetInfo",
-                total_mem = c"cuDeviceTotalMem"
+                total_mem = c"cuDeviceTotalMem",
+                mipmap_create = c"cuMipmappedArrayCreate",
+                mipmap_destroy = c"cuMipmappedArrayDestroy",
             )
         } else {
             resolve_all!(
                 resolve,
+                legacy = legacy,
                 init = c"cuInit",
                 device_get = c"cuDeviceGet",
                 ctx_create = c"cuCtxCreate_v2",
@@ -132,7 +207,9 @@ impl Cuda {
                 array3d_create = c"cuArray3DCreate_v2",
                 array_destroy = c"cuArrayDestroy",
                 get_info = c"cuMemGetInfo_v2",
-                total_mem = c"cuDeviceTotalMem_v2"
+                total_mem = c"cuDeviceTotalMem_v2",
+                mipmap_create = c"cuMipmappedArrayCreate",
+                mipmap_destroy = c"cuMipmappedArrayDestroy",
             )
         }
     }
@@ -164,6 +241,8 @@ enum Held {
     Async(u64),
     Vmm(u64),
     Array(u64),
+    Mipmap(u64),
+    Ptr32(u32),
 }
 
 const MIB: usize = 1 << 20;
@@ -175,7 +254,11 @@ fn num(s: Option<&str>) -> usize {
 
 /// Runs the steps, printing one line each.
 pub fn run(cuda: &Cuda, steps: &[String]) {
-    let mut held: Vec<Held> = Vec::new();
+    run_steps(cuda, steps, &mut Vec::new(), "");
+}
+
+/// Runs the steps with what is `held` so far, each line after `prefix`.
+fn run_steps(cuda: &Cuda, steps: &[String], held: &mut Vec<Held>, prefix: &str) {
     let mut out = std::io::stdout();
     for step in steps {
         let mut parts = step.split(':');
@@ -250,7 +333,7 @@ pub fn run(cuda: &Cuda, steps: &[String]) {
                     }
                 };
                 hold(
-                    &mut held,
+                    held,
                     rc,
                     if matches!(op, "async" | "pool") {
                         Held::Async(p)
@@ -265,7 +348,7 @@ pub fn run(cuda: &Cuda, steps: &[String]) {
                 let (mut p, mut pitch) = (0u64, 0usize);
                 // SAFETY: valid out-pointers.
                 let rc = unsafe { (cuda.alloc_pitch)(&mut p, &mut pitch, w, h, 4) };
-                format!("{} pitch={pitch}", hold(&mut held, rc, Held::Ptr(p), op))
+                format!("{} pitch={pitch}", hold(held, rc, Held::Ptr(p), op))
             }
             "vmm" | "vmm-host" => {
                 let bytes = num(parts.next()) * MIB;
@@ -277,7 +360,7 @@ pub fn run(cuda: &Cuda, steps: &[String]) {
                 let mut h = 0u64;
                 // SAFETY: valid out-pointer and property struct.
                 let rc = unsafe { (cuda.mem_create)(&mut h, bytes, &prop, 0) };
-                hold(&mut held, rc, Held::Vmm(h), op)
+                hold(held, rc, Held::Vmm(h), op)
             }
             "array" => {
                 let d = ArrayDesc {
@@ -289,7 +372,7 @@ pub fn run(cuda: &Cuda, steps: &[String]) {
                 let mut a = 0u64;
                 // SAFETY: valid out-pointer and descriptor.
                 let rc = unsafe { (cuda.array_create)(&mut a, &d) };
-                hold(&mut held, rc, Held::Array(a), op)
+                hold(held, rc, Held::Array(a), op)
             }
             "array3d" => {
                 let d = Array3dDesc {
@@ -303,7 +386,91 @@ pub fn run(cuda: &Cuda, steps: &[String]) {
                 let mut a = 0u64;
                 // SAFETY: valid out-pointer and descriptor.
                 let rc = unsafe { (cuda.array3d_create)(&mut a, &d) };
-                hold(&mut held, rc, Held::Array(a), op)
+                hold(held, rc, Held::Array(a), op)
+            }
+            "mipmap" => {
+                let d = Array3dDesc {
+                    width: num(parts.next()),
+                    height: num(parts.next()),
+                    depth: num(parts.next()),
+                    format: 0x20,
+                    channels: 1,
+                    flags: 0,
+                };
+                let levels = num(parts.next()) as c_uint;
+                let d = Array3dDesc {
+                    flags: parts.next().map_or(0, |f| num(Some(f)) as c_uint),
+                    ..d
+                };
+                let mut m = 0u64;
+                // SAFETY: valid out-pointer and descriptor.
+                let rc = unsafe { (cuda.mipmap_create)(&mut m, &d, levels) };
+                hold(held, rc, Held::Mipmap(m), op)
+            }
+            "alloc32" => {
+                let legacy = legacy(cuda);
+                let mut p = 0u32;
+                // SAFETY: valid out-pointer.
+                let rc = unsafe { (legacy.alloc)(&mut p, (num(parts.next()) * MIB) as c_uint) };
+                hold(held, rc, Held::Ptr32(p), op)
+            }
+            "pitch32" => {
+                let legacy = legacy(cuda);
+                let (w, h) = (num(parts.next()) as c_uint, num(parts.next()) as c_uint);
+                let (mut p, mut pitch) = (0u32, 0 as c_uint);
+                // SAFETY: valid out-pointers.
+                let rc = unsafe { (legacy.alloc_pitch)(&mut p, &mut pitch, w, h, 4) };
+                format!("{} pitch={pitch}", hold(held, rc, Held::Ptr32(p), op))
+            }
+            "array32" => {
+                let d = ArrayDescV1 {
+                    width: num(parts.next()) as c_uint,
+                    height: num(parts.next()) as c_uint,
+                    format: 0x20,
+                    channels: 1,
+                };
+                let mut a = 0u64;
+                // SAFETY: valid out-pointer and descriptor.
+                let rc = unsafe { (legacy(cuda).array_create)(&mut a, &d) };
+                hold(held, rc, Held::Array(a), op)
+            }
+            "array3d32" => {
+                let d = Array3dDescV1 {
+                    width: num(parts.next()) as c_uint,
+                    height: num(parts.next()) as c_uint,
+                    depth: num(parts.next()) as c_uint,
+                    format: 0x20,
+                    channels: 1,
+                    flags: 0,
+                };
+                let mut a = 0u64;
+                // SAFETY: valid out-pointer and descriptor.
+                let rc = unsafe { (legacy(cuda).array3d_create)(&mut a, &d) };
+                hold(held, rc, Held::Array(a), op)
+            }
+            "info32" => {
+                let (mut free, mut total) = (0 as c_uint, 0 as c_uint);
+                // SAFETY: valid out-pointers.
+                let rc = unsafe { (legacy(cuda).get_info)(&mut free, &mut total) };
+                if rc != 0 {
+                    format!("info32 rc={rc}")
+                } else {
+                    format!(
+                        "info32 rc=0 free_mib={} total_mib={}",
+                        free as usize / MIB,
+                        total as usize / MIB
+                    )
+                }
+            }
+            "devtotal32" => {
+                let mut total = 0 as c_uint;
+                // SAFETY: valid out-pointer.
+                let rc = unsafe { (legacy(cuda).total_mem)(&mut total, 0) };
+                if rc != 0 {
+                    format!("devtotal32 rc={rc}")
+                } else {
+                    format!("devtotal32 rc=0 total_mib={}", total as usize / MIB)
+                }
             }
             "free" => {
                 let i = num(parts.next());
@@ -317,6 +484,8 @@ pub fn run(cuda: &Cuda, steps: &[String]) {
                         Held::Async(p) => (cuda.free_async)(p, std::ptr::null_mut()),
                         Held::Vmm(v) => (cuda.mem_release)(v),
                         Held::Array(a) => (cuda.array_destroy)(a),
+                        Held::Mipmap(m) => (cuda.mipmap_destroy)(m),
+                        Held::Ptr32(p) => (legacy(cuda).free)(p),
                     }
                 };
                 format!("free rc={rc}")
@@ -339,6 +508,35 @@ pub fn run(cuda: &Cuda, steps: &[String]) {
                 format!("driver-used mib={}", used / MIB as u64)
             }
             "nvml" | "nvml-v2" | "nvml-null" | "smi" => nvml(op),
+            "fork" | "rawfork" => {
+                // The child's steps: everything after the first ':', separated by '/'.
+                let child: Vec<String> = step
+                    .split_once(':')
+                    .map(|(_, rest)| rest.split('/').map(str::to_string).collect())
+                    .unwrap_or_default();
+                let _ = out.flush();
+                let pid = if op == "fork" {
+                    // SAFETY: the probe is single-threaded here; the child runs steps and exits.
+                    unsafe { libc::fork() }
+                } else {
+                    raw_fork()
+                };
+                match pid {
+                    -1 => format!("{op} rc=-1"),
+                    0 => {
+                        run_steps(cuda, &child, held, "child ");
+                        let _ = out.flush();
+                        // SAFETY: exit runs the atexit handlers (the limiter's), as a child's
+                        // normal exit does.
+                        unsafe { libc::exit(0) }
+                    }
+                    pid => match wait_bounded(pid, CHILD_LIMIT) {
+                        Some(status) => format!("{op} rc=0 status={status}"),
+                        None => format!("{op} rc=timeout"),
+                    },
+                }
+            }
+            "fork-race" => fork_race(cuda, num(parts.next())),
             "ready" => "ready".to_string(),
             "wait" => {
                 let mut line = String::new();
@@ -351,7 +549,7 @@ pub fn run(cuda: &Cuda, steps: &[String]) {
             }
             other => fail(&format!("unknown step {other:?}")),
         };
-        let _ = writeln!(out, "{line}");
+        let _ = writeln!(out, "{prefix}{line}");
         let _ = out.flush();
     }
 }
@@ -365,6 +563,171 @@ pub fn run_nvml_only(steps: &[String]) {
         };
         println!("{line}");
     }
+}
+
+/// How long a forked child may take.
+const CHILD_LIMIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Waits up to `limit` for child `pid`: its exit status (128 + signal if killed), or None after
+/// killing it (SIGKILL) at the limit.
+fn wait_bounded(pid: libc::pid_t, limit: std::time::Duration) -> Option<c_int> {
+    let deadline = std::time::Instant::now() + limit;
+    loop {
+        let mut status = 0;
+        // SAFETY: waits for our own child without blocking.
+        let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+        if r == pid {
+            return Some(if libc::WIFEXITED(status) {
+                libc::WEXITSTATUS(status)
+            } else {
+                128 + libc::WTERMSIG(status)
+            });
+        }
+        if r < 0 {
+            return Some(-1);
+        }
+        if std::time::Instant::now() >= deadline {
+            // SAFETY: kills and reaps our own child.
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+                libc::waitpid(pid, &mut status, 0);
+            }
+            return None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+}
+
+/// glibc's `_Fork` (2.34+): a fork that runs no `pthread_atfork` handlers, as a raw `clone`
+/// does.
+fn raw_fork() -> libc::pid_t {
+    // SAFETY: looks up a NUL-terminated name in the global scope.
+    let f = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"_Fork".as_ptr()) };
+    if f.is_null() {
+        fail("this glibc has no _Fork (2.34+)");
+    }
+    // SAFETY: _Fork's C signature: pid_t _Fork(void).
+    let f: unsafe extern "C" fn() -> libc::pid_t = unsafe { std::mem::transmute(f) };
+    // SAFETY: the probe is single-threaded here; the child runs steps and exits.
+    unsafe { f() }
+}
+
+/// A test knob pair: `set(µs)` makes something stall that long, `busy()` says whether a thread
+/// is inside that stall now.
+type Knob = (extern "C" fn(u64), extern "C" fn() -> u64);
+
+fn knob(handle: *mut c_void, set: &CStr, busy: &CStr) -> Knob {
+    let (s, b) = (dlsym(handle, set), dlsym(handle, busy));
+    if s.is_null() || b.is_null() {
+        fail(&format!(
+            "fork-race needs {set:?} and {busy:?} (the fake driver, the limiter's test build)"
+        ));
+    }
+    // SAFETY: the knobs' C signatures: void(uint64_t) and uint64_t(void).
+    unsafe {
+        (
+            std::mem::transmute::<*mut c_void, extern "C" fn(u64)>(s),
+            std::mem::transmute::<*mut c_void, extern "C" fn() -> u64>(b),
+        )
+    }
+}
+
+/// `fork-race:N`: a thread allocates and frees 1 MiB in a loop while the main thread forks N
+/// times, in turn: once that thread is inside the driver's allocation (the fake driver holds
+/// each 300 µs), once it holds the limiter's allocation-table lock (the limiter's test build
+/// holds it 300 µs), and at an arbitrary point of a flat-out loop. Each child must allocate
+/// and free 1 MiB within [`CHILD_LIMIT`]; the first that does not ends the race. Needs the
+/// fake driver and the limiter's test build.
+fn fork_race(cuda: &Cuda, forks: usize) -> String {
+    use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+    let driver = knob(
+        dlopen(c"libcuda.so.1"),
+        c"gpushareFakeCudaSetAllocDelayUs",
+        c"gpushareFakeCudaAllocsInFlight",
+    );
+    let table = knob(
+        libc::RTLD_DEFAULT,
+        c"gpushareLimiterTestStallTableUs",
+        c"gpushareLimiterTestTableHeld",
+    );
+    static STOP: AtomicBool = AtomicBool::new(false);
+    STOP.store(false, SeqCst);
+    let (alloc, free) = (cuda.alloc, cuda.free);
+    let worker = std::thread::spawn(move || {
+        let mut rounds = 0u64;
+        while !STOP.load(SeqCst) {
+            let mut p = 0;
+            // SAFETY: valid out-pointer; frees what it got.
+            unsafe {
+                if alloc(&mut p, MIB) == 0 {
+                    free(p);
+                }
+            }
+            rounds += 1;
+        }
+        rounds
+    });
+    let (mut ok, mut hung, mut failed) = (0, 0, 0);
+    // Forks that found the thread inside the driver / holding the table's lock.
+    let mut inside = [0usize; 2];
+    for i in 0..forks {
+        // Which stall this fork waits for: 0 the driver's, 1 the table's, 2 none.
+        let kind = i % 3;
+        for (k, (set, _)) in [driver, table].into_iter().enumerate() {
+            set(if k == kind { 300 } else { 0 });
+        }
+        let busy = [driver, table].get(kind).map(|&(_, busy)| busy);
+        if let Some(busy) = busy {
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1);
+            while busy() == 0 && std::time::Instant::now() < deadline {
+                std::thread::yield_now();
+            }
+        }
+        let was_inside = busy.is_some_and(|busy| busy() > 0);
+        // SAFETY: the child only allocates, frees and exits.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            let mut p = 0;
+            // SAFETY: valid out-pointer.
+            let mut rc = unsafe { alloc(&mut p, MIB) };
+            if rc == 0 {
+                // SAFETY: the pointer just allocated.
+                rc = unsafe { free(p) };
+            }
+            // SAFETY: ends the child, running its atexit handlers.
+            unsafe { libc::exit(if rc == 0 { 0 } else { 1 }) }
+        }
+        match (pid, wait_bounded(pid, CHILD_LIMIT)) {
+            (-1, _) => failed += 1,
+            (_, Some(0)) => {
+                ok += 1;
+                if was_inside {
+                    inside[kind] += 1;
+                }
+            }
+            (_, Some(_)) => failed += 1,
+            (_, None) => {
+                hung += 1;
+                break; // one is enough; each costs CHILD_LIMIT
+            }
+        }
+    }
+    STOP.store(true, SeqCst);
+    let rounds = worker.join().unwrap_or(0);
+    (driver.0)(0);
+    (table.0)(0);
+    format!(
+        "fork-race forks={forks} ok={ok} hung={hung} failed={failed} in_driver={} in_table={} \
+         worker_ran={}",
+        inside[0] > 0,
+        inside[1] > 0,
+        rounds > 0
+    )
+}
+
+fn legacy(cuda: &Cuda) -> Legacy {
+    cuda.legacy
+        .unwrap_or_else(|| fail("the driver lacks the legacy (pre-3.2) entry points"))
 }
 
 fn hold(held: &mut Vec<Held>, rc: CuResult, h: Held, op: &str) -> String {

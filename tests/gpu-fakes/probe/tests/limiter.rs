@@ -11,6 +11,7 @@
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
+use std::time::Duration;
 
 use gpushare_core::limiter::{GpuLimit, LimitsFile, region_image};
 
@@ -26,13 +27,16 @@ fn profile_dir() -> PathBuf {
         .to_path_buf()
 }
 
-/// A built shared library: `target/<profile>/` if `cargo build` put it there, else `deps/`
-/// (where `cargo test` builds the dev-dependencies' cdylibs).
+/// A built shared library: `target/<profile>/` if `cargo build` put it there, or `deps/`
+/// (where `cargo test` builds the dev-dependencies' cdylibs), whichever is newer — a copy left
+/// by an earlier `cargo build` must not shadow the one this `cargo test` just rebuilt.
 fn built_lib(file: &str) -> PathBuf {
     let dir = profile_dir();
     [dir.join(file), dir.join("deps").join(file)]
         .into_iter()
-        .find(|p| p.exists())
+        .filter_map(|p| Some((std::fs::metadata(&p).ok()?.modified().ok()?, p)))
+        .max_by_key(|(modified, _)| *modified)
+        .map(|(_, p)| p)
         .unwrap_or_else(|| {
             panic!(
                 "{file} is not built under {} (run cargo build --workspace)",
@@ -96,6 +100,30 @@ impl Container {
 
     fn run(&self, mode: &str, steps: &[&str]) -> Vec<String> {
         lines(&self.command(mode, steps).output().expect("run probe"))
+    }
+
+    /// [`Container::run`], failing the test if the probe (with any children it forked) has
+    /// not finished within `limit`; then the whole process group is killed.
+    fn run_within(&self, limit: Duration, mode: &str, steps: &[&str]) -> Vec<String> {
+        use std::os::unix::process::CommandExt;
+        let child = self
+            .command(mode, steps)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0)
+            .spawn()
+            .expect("spawn probe");
+        let pgid = child.id() as libc::pid_t;
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || tx.send(child.wait_with_output()));
+        match rx.recv_timeout(limit) {
+            Ok(out) => lines(&out.expect("probe output")),
+            Err(_) => {
+                // SAFETY: kills the probe's own process group (it and its children).
+                unsafe { libc::kill(-pgid, libc::SIGKILL) };
+                panic!("probe {mode} {steps:?} did not finish within {limit:?}");
+            }
+        }
     }
 
     /// Starts a probe that runs `steps` then `ready` then `wait`, and returns once it is ready.
@@ -280,6 +308,200 @@ fn every_allocation_path_is_counted_and_released() {
             "mode {mode}"
         );
     }
+}
+
+#[test]
+fn mipmapped_arrays_count_every_level_on_every_path() {
+    for mode in CUDA_MODES {
+        let c = Container::new(TWO_GIB);
+        assert_eq!(
+            c.run(
+                mode,
+                &[
+                    "init",
+                    // float, 1 channel; level l is max(1, extent >> l):
+                    "mipmap:4096:4096:8:2:1", // layered (depth = 8 layers): 512 + 128 MiB
+                    "mipmap:1024:1024:64:2",  // 3D: 256 + 32 MiB
+                    "mipmap:1024:1024:6:2:4", // cubemap (6 faces): 24 + 6 MiB
+                    "info",
+                    // 1024 + 256 MiB: level 0 alone would fit in the 1090 MiB left, both do not
+                    "mipmap:16384:16384:0:2",
+                    "driver-used",
+                    "mipmap:64:64:0:4294967295", // levels clamped to 7 (a few KiB)
+                    "free:0",
+                    "free:1",
+                    "free:2",
+                    "free:3",
+                    "info",
+                    "driver-used",
+                ]
+            ),
+            [
+                "init rc=0",
+                "mipmap rc=0 id=0",
+                "mipmap rc=0 id=1",
+                "mipmap rc=0 id=2",
+                "info rc=0 free_mib=1090 total_mib=2048",
+                "mipmap rc=2",
+                "driver-used mib=958",
+                "mipmap rc=0 id=3",
+                "free rc=0",
+                "free rc=0",
+                "free rc=0",
+                "free rc=0",
+                "info rc=0 free_mib=2048 total_mib=2048",
+                "driver-used mib=0",
+            ],
+            "mode {mode}"
+        );
+    }
+}
+
+#[test]
+fn legacy_entry_points_are_counted_refused_and_viewed_on_every_path() {
+    for mode in CUDA_MODES {
+        let c = Container::new(TWO_GIB);
+        assert_eq!(
+            c.run(
+                mode,
+                &[
+                    "init",
+                    "info32",
+                    "devtotal32",
+                    "alloc32:1024",
+                    "alloc32:1536",
+                    "driver-used",
+                    "info32",
+                    "info",
+                    "pitch32:1000:262144", // 1000 B rows padded to 1024: 256 MiB
+                    "array32:16384:4096",  // float: 256 MiB
+                    "array3d32:1024:1024:64", // float: 256 MiB
+                    "info32",
+                    "alloc:512", // the _v2 path shares the count
+                    "free:0",
+                    "free:1",
+                    "free:2",
+                    "free:3",
+                    "info32",
+                    "driver-used",
+                ]
+            ),
+            [
+                "init rc=0",
+                "info32 rc=0 free_mib=2048 total_mib=2048",
+                "devtotal32 rc=0 total_mib=2048",
+                "alloc32 rc=0 id=0",
+                "alloc32 rc=2",
+                "driver-used mib=1024",
+                "info32 rc=0 free_mib=1024 total_mib=2048",
+                "info rc=0 free_mib=1024 total_mib=2048",
+                "pitch32 rc=0 id=1 pitch=1024",
+                "array32 rc=0 id=2",
+                "array3d32 rc=0 id=3",
+                "info32 rc=0 free_mib=256 total_mib=2048",
+                "alloc rc=2",
+                "free rc=0",
+                "free rc=0",
+                "free rc=0",
+                "free rc=0",
+                "info32 rc=0 free_mib=2048 total_mib=2048",
+                "driver-used mib=0",
+            ],
+            "mode {mode}"
+        );
+    }
+    // A quota past what an `unsigned int` holds: the legacy view saturates, never wraps.
+    let c = Container::new(6 << 30);
+    assert_eq!(
+        c.run("dlopen", &["init", "info32", "devtotal32", "info"]),
+        [
+            "init rc=0",
+            "info32 rc=0 free_mib=4095 total_mib=4095",
+            "devtotal32 rc=0 total_mib=4095",
+            "info rc=0 free_mib=6144 total_mib=6144",
+        ]
+    );
+}
+
+/// Every probe that forks is bounded: the probe waits at most 5 s for each child, the test at
+/// most this long for the probe.
+const FORK_TEST_LIMIT: Duration = Duration::from_secs(60);
+
+#[test]
+fn a_forked_child_shares_the_quota_and_its_exit_leaves_the_parent_count_right() {
+    for mode in CUDA_MODES {
+        let c = Container::new(TWO_GIB);
+        assert_eq!(
+            c.run_within(
+                FORK_TEST_LIMIT,
+                mode,
+                &[
+                    "init",
+                    "alloc:1024",
+                    // The child sees the parent's 1 GiB, allocates and frees within the other
+                    // 1 GiB, is refused past it, and exits still holding 256 MiB.
+                    "fork:info/alloc:512/info/alloc:1024/free:1/alloc:256/info",
+                    "info",
+                    "alloc:1024",
+                    "free:0",
+                    "info",
+                ]
+            ),
+            [
+                "init rc=0",
+                "alloc rc=0 id=0",
+                "child info rc=0 free_mib=1024 total_mib=2048",
+                "child alloc rc=0 id=1",
+                "child info rc=0 free_mib=512 total_mib=2048",
+                "child alloc rc=2",
+                "child free rc=0",
+                "child alloc rc=0 id=2",
+                "child info rc=0 free_mib=768 total_mib=2048",
+                "fork rc=0 status=0",
+                // The child's exit gave back its 256 MiB; the parent's 1 GiB is still counted.
+                "info rc=0 free_mib=1024 total_mib=2048",
+                "alloc rc=0 id=1",
+                "free rc=0",
+                "info rc=0 free_mib=1024 total_mib=2048",
+            ],
+            "mode {mode}"
+        );
+    }
+}
+
+#[test]
+fn a_fork_while_another_thread_allocates_does_not_deadlock_the_child() {
+    let c = Container::new(TWO_GIB);
+    assert_eq!(
+        c.run_within(FORK_TEST_LIMIT, "dlopen", &["init", "fork-race:15", "info"]),
+        [
+            "init rc=0",
+            "fork-race forks=15 ok=15 hung=0 failed=0 in_driver=true in_table=true worker_ran=true",
+            "info rc=0 free_mib=2048 total_mib=2048",
+        ]
+    );
+}
+
+#[test]
+fn a_child_forked_without_atfork_handlers_does_not_free_the_parent_count() {
+    // glibc's _Fork (as a raw clone) runs no atfork handlers: the child inherits the parent's
+    // slot, and its exit must not give back what the parent holds.
+    let c = Container::new(TWO_GIB);
+    assert_eq!(
+        c.run_within(
+            FORK_TEST_LIMIT,
+            "dlopen",
+            &["init", "alloc:1024", "rawfork:info", "info", "alloc:1536"]
+        ),
+        [
+            "init rc=0",
+            "alloc rc=0 id=0",
+            "child info rc=0 free_mib=1024 total_mib=2048",
+            "rawfork rc=0 status=0",
+            "info rc=0 free_mib=1024 total_mib=2048",
+            "alloc rc=2",
+        ]
+    );
 }
 
 #[test]

@@ -9,7 +9,9 @@ mod api;
 
 use std::ffi::{c_int, c_uint, c_void};
 
-use api::{AllocationProp, Array3dDesc, ArrayDesc, CuResult, Cuda};
+use api::{
+    AllocationProp, Array3dDesc, Array3dDescV1, ArrayDesc, ArrayDescV1, CuResult, Cuda, Legacy,
+};
 
 unsafe extern "C" {
     fn cuInit(flags: c_uint) -> CuResult;
@@ -45,6 +47,26 @@ unsafe extern "C" {
     fn cuArrayDestroy(array: u64) -> CuResult;
     fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CuResult;
     fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: c_int) -> CuResult;
+    fn cuMipmappedArrayCreate(
+        handle: *mut u64,
+        desc: *const Array3dDesc,
+        levels: c_uint,
+    ) -> CuResult;
+    fn cuMipmappedArrayDestroy(handle: u64) -> CuResult;
+    // The legacy (pre-3.2) entry points, as a binary built against CUDA < 3.2 links them.
+    fn cuMemAlloc(dptr: *mut u32, bytes: c_uint) -> CuResult;
+    fn cuMemAllocPitch(
+        dptr: *mut u32,
+        pitch: *mut c_uint,
+        w: c_uint,
+        h: c_uint,
+        elem: c_uint,
+    ) -> CuResult;
+    fn cuMemFree(dptr: u32) -> CuResult;
+    fn cuArrayCreate(array: *mut u64, desc: *const ArrayDescV1) -> CuResult;
+    fn cuArray3DCreate(array: *mut u64, desc: *const Array3dDescV1) -> CuResult;
+    fn cuMemGetInfo(free: *mut c_uint, total: *mut c_uint) -> CuResult;
+    fn cuDeviceTotalMem(bytes: *mut c_uint, dev: c_int) -> CuResult;
 }
 
 fn main() {
@@ -66,6 +88,17 @@ fn main() {
         array_destroy: cuArrayDestroy,
         get_info: cuMemGetInfo_v2,
         total_mem: cuDeviceTotalMem_v2,
+        mipmap_create: cuMipmappedArrayCreate,
+        mipmap_destroy: cuMipmappedArrayDestroy,
+        legacy: Some(Legacy {
+            alloc: cuMemAlloc,
+            alloc_pitch: cuMemAllocPitch,
+            free: cuMemFree,
+            array_create: cuArrayCreate,
+            array3d_create: cuArray3DCreate,
+            get_info: cuMemGetInfo,
+            total_mem: cuDeviceTotalMem,
+        }),
     };
     let steps: Vec<String> = std::env::args().skip(1).collect();
     api::run(&cuda, &steps);
