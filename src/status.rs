@@ -69,7 +69,12 @@ pub fn metrics(node: &Node) -> String {
         m.sample(&[("result", result)], v.load(Ordering::Relaxed));
     }
     m.family("gpushare_synchronize_total", Kind::Counter)
-        .sample(&[], s.syncs.load(Ordering::Relaxed));
+        .sample(&[], s.syncs.load(Ordering::Relaxed))
+        .family("gpushare_unaccounted_containers", Kind::Gauge)
+        .sample(
+            &[],
+            node.unaccounted.lock().expect("unaccounted lock").len() as u64,
+        );
     if let Some(state) = node.state() {
         for name in [
             "gpushare_gpu_memory_total_mib",

@@ -267,3 +267,54 @@ fn gpu_containers_are_refused_while_quotas_cannot_be_enforced() {
         .unwrap();
     assert!(plain.is_none(), "a container without a GPU passes through");
 }
+
+#[test]
+fn a_running_container_that_cannot_be_accounted_keeps_new_ones_out() {
+    use gpushare::nri::service::Handler;
+    let node = Node::new(AgentState::in_memory("test-node"));
+    // At a resync, one running GPU container is fine and one names a GPU this node does
+    // not have (a config change since it was created): it stays on the books.
+    let good = pod("p1", Some(assignment(1, 2048, 30)));
+    let bad = pod("p2", Some(assignment(9, 2048, 30)));
+    let sync = SynchronizeRequest {
+        pods: vec![good.clone(), bad.clone()],
+        containers: vec![
+            ctr("c1", "p1", Some("2"), Some("30")),
+            ctr("c2", "p2", Some("2"), Some("30")),
+        ],
+        ..Default::default()
+    };
+    node.synchronize(&sync).unwrap();
+    assert_eq!(node.registry.snapshot().len(), 1);
+    assert_eq!(node.unaccounted.lock().unwrap().len(), 1);
+    let e = node
+        .create_container(
+            &pod("p3", Some(assignment(0, 1024, 10))),
+            &ctr("c3", "p3", Some("1"), Some("10")),
+        )
+        .unwrap_err();
+    assert_eq!(e.code, ttrpc::Code::INVALID_ARGUMENT);
+    assert!(
+        e.message.starts_with(
+            "gpushare: GPU containers are refused on this node while 1 running GPU container(s) cannot be accounted (container c2: "
+        ),
+        "{}",
+        e.message
+    );
+    assert_eq!(node.registry.snapshot().len(), 1, "nothing registered");
+    // Containers without a GPU are not affected.
+    assert!(
+        node.create_container(&pod("p4", None), &ctr("c4", "p4", None, None))
+            .unwrap()
+            .is_none()
+    );
+    // Once it is gone, GPU containers are admitted again.
+    node.remove_container(&bad, &ctr("c2", "p2", Some("2"), Some("30")));
+    assert!(node.unaccounted.lock().unwrap().is_empty());
+    node.create_container(
+        &pod("p3", Some(assignment(0, 1024, 10))),
+        &ctr("c3", "p3", Some("1"), Some("10")),
+    )
+    .unwrap()
+    .expect("admitted");
+}

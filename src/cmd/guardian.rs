@@ -10,8 +10,19 @@ pub struct GuardianArgs {
     /// The controller's list of cgroups it may have frozen.
     #[arg(long)]
     pub list: PathBuf,
+    /// Thaw what the list names now and exit (systemd's `ExecStopPost`, or by hand).
+    #[arg(long)]
+    pub now: bool,
 }
 
 pub fn run(args: &GuardianArgs) -> anyhow::Result<()> {
+    if args.now {
+        let n = crate::throttle::guardian::thaw_listed(&args.list);
+        eprintln!(
+            "gpushare guardian: thawed {n} cgroup(s) from {}",
+            args.list.display()
+        );
+        return Ok(());
+    }
     Ok(crate::throttle::guardian::run(&args.list)?)
 }

@@ -159,6 +159,13 @@ pub fn capacity(args: &NodeArgs) -> anyhow::Result<()> {
 pub fn run(args: &NodeArgs) -> anyhow::Result<()> {
     let cfg = NodeConfig::from_args(args)?;
     super::logging::init(&cfg.log)?;
+    // First thing, before anything that can fail: an earlier agent (crash-looping, say)
+    // may have left cgroups frozen.
+    let list = cfg.throttle.state_dir.join("guardian.list");
+    let thawed = crate::throttle::guardian::thaw_listed(&list);
+    if thawed > 0 {
+        tracing::warn!(thawed, list = %list.display(), "thawed cgroups an earlier agent left frozen");
+    }
     let rt = super::runtime()?;
     rt.block_on(async move {
         let backend = Backend::open(&cfg)?;

@@ -1,7 +1,7 @@
 //! The node agent's NRI handler: turns the runtime's events into decisions with the pure
 //! modules (`request`, `adjust`) and keeps the container registry.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Instant;
@@ -304,6 +304,16 @@ pub enum DecideError {
         path: PathBuf,
         source: std::io::Error,
     },
+    /// Running GPU containers this agent could not account (found at a resync with an
+    /// assignment it cannot validate): what they hold is unknown, so nothing new is placed.
+    #[error(
+        "GPU containers are refused on this node while {count} running GPU container(s) cannot be accounted (container {first}: {reason}); remove or fix them"
+    )]
+    Unaccounted {
+        count: usize,
+        first: String,
+        reason: String,
+    },
     /// Fail closed: quotas are configured but cannot be enforced.
     #[error("GPU containers are refused on this node until its quotas can be enforced: {reason}")]
     EnforcementDown { reason: String },
@@ -365,6 +375,11 @@ pub struct Node {
     pub stats: Stats,
     /// Records gathered from a split Synchronize until its last chunk.
     sync_buf: Mutex<Vec<ContainerRecord>>,
+    /// Containers of a split Synchronize that could not be accounted, until its last chunk.
+    sync_unaccounted: Mutex<BTreeMap<String, String>>,
+    /// Running GPU containers that could not be accounted (id → why): while any is left,
+    /// new GPU containers are refused.
+    pub unaccounted: Mutex<BTreeMap<String, String>>,
     /// Called with the runtime's config (pre-installed plugins) and the GPU backend it opened,
     /// once the node's state is set up from it.
     on_runtime_config: OnRuntimeConfig,
@@ -384,6 +399,8 @@ impl Node {
             registry: Arc::new(Registry::new()),
             stats: Stats::default(),
             sync_buf: Mutex::new(vec![]),
+            sync_unaccounted: Default::default(),
+            unaccounted: Default::default(),
             on_runtime_config: Box::new(|_, _| {}),
             throttle: Default::default(),
             enforcement_down: RwLock::new(None),
@@ -400,6 +417,8 @@ impl Node {
             registry: Arc::new(Registry::new()),
             stats: Stats::default(),
             sync_buf: Mutex::new(vec![]),
+            sync_unaccounted: Default::default(),
+            unaccounted: Default::default(),
             on_runtime_config: Box::new(on_config),
             throttle: Default::default(),
             enforcement_down: RwLock::new(None),
@@ -491,6 +510,16 @@ impl Node {
         )?;
         let Some(req) = req else { return Ok(None) };
         self.check_enforcement(state)?;
+        {
+            let unaccounted = self.unaccounted.lock().expect("unaccounted lock");
+            if let Some((first, reason)) = unaccounted.iter().find(|(id, _)| **id != ctr.id) {
+                return Err(DecideError::Unaccounted {
+                    count: unaccounted.len(),
+                    first: first.clone(),
+                    reason: reason.clone(),
+                });
+            }
+        }
         for g in &req.gpus {
             let gpu = state.inventory.get(g.index).expect("validated index");
             let c = self.registry.committed(g.index, &ctr.id);
@@ -593,7 +622,7 @@ impl Node {
                 self.stats
                     .creates_neutralized
                     .fetch_add(1, Ordering::Relaxed);
-                tracing::info!(container = %ctr.name, id = %ctr.id, removed = ?adj.remove_env, "no GPU granted: NVIDIA_VISIBLE_DEVICES=void");
+                tracing::info!(container = %ctr.name, id = %ctr.id, cleared = ?adj.clear_env, "no GPU granted: NVIDIA_VISIBLE_DEVICES=void");
                 Some(convert::adjustment(&adj))
             }
         }
@@ -618,6 +647,7 @@ impl Handler for Node {
         );
         // A new session: forget a split Synchronize that an earlier connection left unfinished.
         self.sync_buf.lock().expect("sync lock").clear();
+        self.sync_unaccounted.lock().expect("sync lock").clear();
         if self.config_from_runtime {
             let cfg = NodeConfig::from_toml(&req.config, "from the runtime's plugin config")
                 .map_err(|e| HandlerError::invalid(e.to_string()))?;
@@ -657,14 +687,21 @@ impl Handler for Node {
             ) {
                 Ok(Some(req)) => buf.push(Node::record(pod, ctr, req)),
                 Ok(None) => {}
-                // Created before a config change, say; it keeps running, but we cannot
-                // account it.
+                // Created before a config change, say; it keeps running and holds GPU
+                // memory and time we cannot account: it stays on the books as
+                // unaccounted, and nothing new is placed until it is gone.
                 Err(e) => {
-                    tracing::warn!(container = %ctr.id, error = %e, "cannot account running container")
+                    tracing::error!(container = %ctr.id, error = %e, "cannot account a running GPU container; refusing new GPU containers until it is gone");
+                    self.sync_unaccounted
+                        .lock()
+                        .expect("sync lock")
+                        .insert(ctr.id.clone(), e.to_string());
                 }
             }
         }
         if !req.more {
+            *self.unaccounted.lock().expect("unaccounted lock") =
+                std::mem::take(&mut *self.sync_unaccounted.lock().expect("sync lock"));
             let records = std::mem::take(&mut *buf);
             tracing::info!(
                 containers = records.len(),
@@ -722,10 +759,18 @@ impl Handler for Node {
     fn stop_container(&self, _pod: &PodSandbox, ctr: &Container) {
         self.registry.set_state(&ctr.id, ContainerState::Stopped);
         self.release(&ctr.id);
+        self.unaccounted
+            .lock()
+            .expect("unaccounted lock")
+            .remove(&ctr.id);
     }
 
     fn remove_container(&self, _pod: &PodSandbox, ctr: &Container) {
         self.release(&ctr.id);
+        self.unaccounted
+            .lock()
+            .expect("unaccounted lock")
+            .remove(&ctr.id);
         if let Some(limiter) = self.state().and_then(|s| s.limiter.clone()) {
             limiter.remove(&ctr.id);
         }

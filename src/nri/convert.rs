@@ -33,9 +33,9 @@ pub fn adjustment(adj: &Adjustment) -> ContainerAdjustment {
                 value: v.clone(),
                 ..Default::default()
             })
-            // NRI removes a variable whose key is marked with a leading '-'.
-            .chain(adj.remove_env.iter().map(|k| KeyValue {
-                key: format!("-{k}"),
+            .chain(adj.clear_env.iter().map(|k| KeyValue {
+                key: k.clone(),
+                value: String::new(),
                 ..Default::default()
             }))
             .collect(),

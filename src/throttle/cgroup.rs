@@ -407,6 +407,48 @@ impl ContainerCgroup {
 
     /// PIDs (thread-group ids) in the cgroup itself, from `cgroup.procs` of the freezer
     /// directory; processes of sub-cgroups are not included.
+    /// Sends SIGKILL to process `pid` only if it is a member of this cgroup, with no window
+    /// for PID reuse: the process is pinned with a pidfd first, its membership checked
+    /// after, and the signal sent through the pidfd — so a process that exited and whose
+    /// PID went to someone else (on the host) is never signalled. Returns whether a signal
+    /// was sent.
+    pub fn kill_member(&self, pid: u32) -> std::io::Result<bool> {
+        use std::os::fd::{FromRawFd, OwnedFd};
+        // SAFETY: plain syscalls; the returned descriptor is owned below.
+        let fd = unsafe { nix::libc::syscall(nix::libc::SYS_pidfd_open, pid as i32, 0) };
+        if fd < 0 {
+            let e = std::io::Error::last_os_error();
+            return match e.raw_os_error() {
+                Some(nix::libc::ESRCH) => Ok(false),
+                _ => Err(e),
+            };
+        }
+        // SAFETY: `fd` is a fresh descriptor from pidfd_open, owned from here on.
+        let pidfd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+        if !self.pids().unwrap_or_default().contains(&pid) {
+            return Ok(false);
+        }
+        use std::os::fd::AsRawFd;
+        // SAFETY: signal through the pidfd pinned above.
+        let r = unsafe {
+            nix::libc::syscall(
+                nix::libc::SYS_pidfd_send_signal,
+                pidfd.as_raw_fd(),
+                nix::libc::SIGKILL,
+                std::ptr::null::<nix::libc::siginfo_t>(),
+                0,
+            )
+        };
+        if r < 0 {
+            let e = std::io::Error::last_os_error();
+            return match e.raw_os_error() {
+                Some(nix::libc::ESRCH) => Ok(false),
+                _ => Err(e),
+            };
+        }
+        Ok(true)
+    }
+
     pub fn pids(&self) -> Result<Vec<u32>, CgroupError> {
         let (path, data) = read_file(&self.freezer_dir, "cgroup.procs")?;
         data.lines()
@@ -717,6 +759,30 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let fs = fixture::fake_v1(tmp.path(), rels);
         (tmp, fs)
+    }
+
+    #[test]
+    fn sigkill_reaches_members_only() {
+        let (_tmp, fs) = fake_v1(&[REL]);
+        let cg = fs.container(NRI_PATH).unwrap();
+        let mut member = busy_process();
+        let mut outsider = busy_process();
+        put(
+            &cg.freezer_dir().join("cgroup.procs"),
+            &format!("{}\n", member.id()),
+        );
+        // A PID that is not (or no longer) in the container is never signalled.
+        assert!(!cg.kill_member(outsider.id()).unwrap());
+        assert!(outsider.try_wait().unwrap().is_none(), "outsider killed");
+        assert!(cg.kill_member(member.id()).unwrap());
+        let status = member.wait().unwrap();
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(status.signal(), Some(9));
+        // Gone: nothing to signal, no error.
+        let _ = member.try_wait();
+        assert!(!cg.kill_member(member.id()).unwrap_or(false));
+        outsider.kill().unwrap();
+        outsider.wait().unwrap();
     }
 
     fn fake_v2(rels: &[&str]) -> (TempDir, CgroupFs) {

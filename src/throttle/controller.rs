@@ -129,6 +129,8 @@ pub struct ThrottleStats {
     pub containers: Mutex<BTreeMap<String, ContainerStats>>,
     /// Duration of the last control step (sampling + planning), seconds.
     pub loop_seconds: Mutex<f64>,
+    /// Times the guardian died and was started again.
+    pub guardian_restarts: std::sync::atomic::AtomicU64,
 }
 
 /// What the NRI handler shares with the controller: containers to let go of at once.
@@ -191,6 +193,9 @@ struct Handle {
     gpu: u32,
     frozen: bool,
     frozen_since: Option<Instant>,
+    /// In the guardian list on disk: only then may it be frozen (a frozen cgroup the
+    /// guardian does not know of could outlive the agent frozen).
+    recorded: bool,
 }
 
 /// Runs the controller until `stop` is set. Thaws everything it froze before returning.
@@ -204,6 +209,8 @@ pub struct Controller {
     loops: BTreeMap<u32, GpuLoop>,
     handles: HashMap<String, Handle>,
     guardian_list: Option<PathBuf>,
+    /// The guardian process and how to start it again if it dies.
+    guardian: Option<(PathBuf, super::guardian::Guardian)>,
     link: Arc<ControllerLink>,
     mode: FreezerMode,
     /// Periods run so far (idle containers are swept only every few periods).
@@ -248,6 +255,7 @@ impl Controller {
             loops: BTreeMap::new(),
             handles: HashMap::new(),
             guardian_list: None,
+            guardian: None,
             link,
             mode: FreezerMode::Cgroup,
             periods: 0,
@@ -269,6 +277,36 @@ impl Controller {
     pub fn with_guardian_list(mut self, path: PathBuf) -> Self {
         self.guardian_list = Some(path);
         self
+    }
+
+    /// Watches `guardian` (started from `exe`) every period and starts it again if it dies.
+    pub fn with_guardian(mut self, exe: PathBuf, guardian: super::guardian::Guardian) -> Self {
+        self.guardian = Some((exe, guardian));
+        self
+    }
+
+    /// The guardian is alive, or was started again. False when it died and cannot be
+    /// started: nothing must stay frozen then.
+    fn guardian_alive(&mut self) -> bool {
+        let Some((exe, g)) = &mut self.guardian else {
+            return true;
+        };
+        match g.child.try_wait() {
+            Ok(None) => return true,
+            Ok(Some(status)) => tracing::error!(%status, "the guardian died; starting it again"),
+            Err(e) => tracing::error!(error = %e, "cannot check the guardian; starting it again"),
+        }
+        match super::guardian::spawn(exe, &g.list) {
+            Ok(new) => {
+                *g = new;
+                self.stats.guardian_restarts.fetch_add(1, Ordering::Relaxed);
+                true
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "cannot start the guardian again; the controller stops, thawing everything");
+                false
+            }
+        }
     }
 
     /// Takes time from `clock` instead of the system's.
@@ -352,6 +390,7 @@ impl Controller {
                         gpu: *gpu,
                         frozen: false,
                         frozen_since: None,
+                        recorded: false,
                     }),
                     // No cgroup at all: the process tree of the registered PID.
                     Ok(cgroup) if *pid > 0 => Some(Handle {
@@ -364,6 +403,7 @@ impl Controller {
                         gpu: *gpu,
                         frozen: false,
                         frozen_since: None,
+                        recorded: false,
                     }),
                     Ok(_) => None,
                     Err(e) => {
@@ -395,6 +435,7 @@ impl Controller {
                             gpu: *gpu,
                             frozen: false,
                             frozen_since: None,
+                            recorded: false,
                         },
                     );
                     changed = true;
@@ -403,8 +444,15 @@ impl Controller {
                 Err(e) => tracing::warn!(container = %id, error = %e, "cannot resolve cgroup"),
             }
         }
-        if changed && let Err(e) = self.write_guardian_list() {
-            tracing::error!(error = %e, "cannot write the guardian list");
+        let unrecorded = self.handles.values().any(|h| !h.recorded);
+        if changed || unrecorded {
+            match self.write_guardian_list() {
+                Ok(()) => self.handles.values_mut().for_each(|h| h.recorded = true),
+                // Those not recorded yet are left thawed until the list can be written.
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot write the guardian list; new containers are not throttled until it can be")
+                }
+            }
         }
         let params = self.params();
         let mut per_gpu: BTreeMap<u32, Vec<Member>> = BTreeMap::new();
@@ -449,7 +497,7 @@ impl Controller {
         let Some(h) = self.handles.get_mut(id) else {
             return;
         };
-        if h.frozen == frozen || (frozen && self.link.is_released(id)) {
+        if h.frozen == frozen || (frozen && (self.link.is_released(id) || !h.recorded)) {
             return;
         }
         let r = if frozen {
@@ -510,11 +558,16 @@ impl Controller {
                     // A frozen process cannot die; let it run so SIGKILL lands.
                     let now = self.clock.now();
                     self.set_frozen(id, false, now);
-                    for pid in &pids {
-                        let _ = nix::sys::signal::kill(
-                            nix::unistd::Pid::from_raw(*pid as i32),
-                            nix::sys::signal::Signal::SIGKILL,
-                        );
+                    // Only members of the container's cgroups, through pidfds: a PID that
+                    // was reused since the sample is never signalled.
+                    if let Some(h) = self.handles.get(id) {
+                        for pid in &pids {
+                            let sent = h.throttled.kill_member(*pid).unwrap_or(false)
+                                || h.cgroup.kill_member(*pid).unwrap_or(false);
+                            if !sent {
+                                tracing::debug!(container = %id, pid, "not a member any more; not signalled");
+                            }
+                        }
                     }
                     tracing::warn!(%pod, %container, id = %id, used_bytes = used, limit_bytes = limit, ?pids, action = "kill", "GPU memory over quota");
                 }
@@ -621,6 +674,9 @@ impl Controller {
         let period = Duration::from_millis(self.cfg.period_ms.max(10));
         let mut next = self.clock.now();
         while !stop.load(Ordering::Relaxed) {
+            if !self.guardian_alive() {
+                break;
+            }
             let start = next;
             let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                 self.period(start, period, &stop)
@@ -645,7 +701,8 @@ pub struct Running {
     pub link: Arc<ControllerLink>,
     /// True while the controller thread runs (false once it has ended, however it ended).
     pub alive: Arc<AtomicBool>,
-    _guardian: Option<super::guardian::Guardian>,
+    /// The state directory's lock: one agent (or `gpushare run`) per state directory.
+    _lock: super::guardian::StateLock,
 }
 
 impl Running {
@@ -683,6 +740,12 @@ pub fn start_with(
         path: cfg.state_dir.clone(),
         err,
     })?;
+    let lock = super::guardian::StateLock::take(&cfg.state_dir).map_err(|err| {
+        ControllerError::StateDir {
+            path: cfg.state_dir.clone(),
+            err,
+        }
+    })?;
     let list = cfg.state_dir.join("guardian.list");
     let thawed = super::guardian::thaw_listed(&list);
     if thawed > 0 {
@@ -699,9 +762,12 @@ pub fn start_with(
             })?),
             None => None,
         };
-    let controller = Controller::new(cfg.clone(), fs, registry, source)
+    let mut controller = Controller::new(cfg.clone(), fs, registry, source)
         .with_guardian_list(list)
         .with_freezer_mode(mode);
+    if let (Some(exe), Some(g)) = (guardian_exe, guardian) {
+        controller = controller.with_guardian(exe.to_path_buf(), g);
+    }
     let stats = controller.stats.clone();
     let link = controller.link();
     let stop = Arc::new(AtomicBool::new(false));
@@ -729,7 +795,7 @@ pub fn start_with(
         stats,
         link,
         alive,
-        _guardian: guardian,
+        _lock: lock,
     })
 }
 
@@ -1078,6 +1144,47 @@ mod tests {
         assert_eq!(h.child_freezer(A), frozen);
         // Never thawed since (a 10 % window would thaw and freeze it every period).
         assert_eq!(h.stats("a").unwrap().freezes, freezes);
+    }
+
+    #[test]
+    fn nothing_is_frozen_that_the_guardian_list_does_not_hold() {
+        let (frozen, thawed) = states(CgroupVersion::V1);
+        let mut h = Harness::new(CgroupVersion::V1, &[A]);
+        // The list cannot be written (a directory is in its way).
+        std::fs::create_dir(h.tmp.path().join("guardian.list")).unwrap();
+        h.add("a", A, 0, Some(30), 1.0);
+        h.periods(3);
+        assert_eq!(
+            h.child_freezer(A).trim(),
+            thawed,
+            "frozen without being recorded"
+        );
+        assert_eq!(h.stats("a").map_or(0, |s| s.freezes), 0);
+        // Once it can be written, the container is recorded and throttled.
+        std::fs::remove_dir(h.tmp.path().join("guardian.list")).unwrap();
+        h.periods(1);
+        assert!(
+            h.guardian_list().contains("pod1/a"),
+            "{}",
+            h.guardian_list()
+        );
+        assert_eq!(h.child_freezer(A), frozen);
+    }
+
+    #[test]
+    fn a_dead_guardian_is_started_again_and_one_that_cannot_start_stops_the_controller() {
+        let h = Harness::new(CgroupVersion::V1, &[A]);
+        let list = h.tmp.path().join("guardian.list");
+        // `true guardian --list …` exits at once: it is started again every check.
+        let g = super::super::guardian::spawn(Path::new("/bin/true"), &list).unwrap();
+        let mut ctl = h.ctl.with_guardian(PathBuf::from("/bin/true"), g);
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(ctl.guardian_alive());
+        assert_eq!(ctl.stats.guardian_restarts.load(Ordering::Relaxed), 1);
+        let g = super::super::guardian::spawn(Path::new("/bin/true"), &list).unwrap();
+        let mut ctl = ctl.with_guardian(PathBuf::from("/nonexistent/gpushare"), g);
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(!ctl.guardian_alive(), "a guardian that cannot start");
     }
 
     #[test]

@@ -30,8 +30,57 @@ pub fn thaw_listed(list: &Path) -> usize {
         .count()
 }
 
-/// The guardian's main: wait for EOF on stdin (the agent's death), then thaw.
+/// An exclusive lock on a state directory (`<dir>/agent.lock`, `flock`), held for the life
+/// of the process: two agents on one state directory would freeze the same cgroups and
+/// overwrite each other's guardian list.
+pub struct StateLock(#[allow(dead_code)] std::fs::File);
+
+impl StateLock {
+    pub fn take(dir: &Path) -> std::io::Result<StateLock> {
+        use std::io::Write;
+        std::fs::create_dir_all(dir)?;
+        let path = dir.join("agent.lock");
+        let mut file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .read(true)
+            .write(true)
+            .open(&path)?;
+        use std::os::fd::AsRawFd;
+        // SAFETY: flock on a descriptor we own.
+        if unsafe { nix::libc::flock(file.as_raw_fd(), nix::libc::LOCK_EX | nix::libc::LOCK_NB) }
+            != 0
+        {
+            let holder = std::fs::read_to_string(&path).unwrap_or_default();
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::WouldBlock,
+                format!(
+                    "{} is held by another gpushare process (pid {}); one agent per state directory",
+                    path.display(),
+                    holder.trim()
+                ),
+            ));
+        }
+        file.set_len(0)?;
+        write!(file, "{}", std::process::id())?;
+        Ok(StateLock(file))
+    }
+}
+
+/// The guardian's main: wait for EOF on stdin (the agent's death), then thaw. Termination
+/// signals are ignored until then: under systemd's `KillMode=control-group` the guardian is
+/// signalled in the same instant as the agent, and must outlive it to thaw.
 pub fn run(list: &Path) -> std::io::Result<()> {
+    use nix::sys::signal::{SigHandler, Signal, signal};
+    for sig in [
+        Signal::SIGTERM,
+        Signal::SIGINT,
+        Signal::SIGHUP,
+        Signal::SIGQUIT,
+    ] {
+        // SAFETY: setting a signal to SIG_IGN installs no handler code.
+        let _ = unsafe { signal(sig, SigHandler::SigIgn) };
+    }
     let mut buf = [0u8; 64];
     let mut stdin = std::io::stdin();
     loop {

@@ -70,6 +70,25 @@ impl SimSource {
     }
 }
 
+/// Reads a sim memory declaration: a decimal number of bytes. The container writes the
+/// file, so it is opened without following symlinks (a link to `/dev/zero` or a host file
+/// is ignored), only a regular file is read, and at most 32 bytes of it.
+pub fn read_declaration(path: &std::path::Path) -> Option<u64> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK)
+        .open(path)
+        .ok()?;
+    if !file.metadata().ok()?.is_file() {
+        return None;
+    }
+    let mut buf = Vec::with_capacity(32);
+    file.take(32).read_to_end(&mut buf).ok()?;
+    std::str::from_utf8(&buf).ok()?.trim().parse().ok()
+}
+
 impl SampleSource for SimSource {
     fn sample(&mut self, tracked: &[Tracked<'_>]) -> Sample {
         let now = Instant::now();
@@ -90,9 +109,7 @@ impl SampleSource for SimSource {
             }
             self.last.insert(t.id.to_string(), (cpu, now));
             let file = Self::container_dir(&self.state_dir, t.id).join(SIM_MEMORY_FILE);
-            if let Ok(text) = std::fs::read_to_string(&file)
-                && let Ok(bytes) = text.trim().parse::<u64>()
-            {
+            if let Some(bytes) = read_declaration(&file) {
                 out.memory_bytes.insert(t.id.to_string(), bytes);
                 if bytes > 0 {
                     out.memory_pids.insert(t.id.to_string(), t.pids());
@@ -100,5 +117,33 @@ impl SampleSource for SimSource {
             }
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::read_declaration;
+
+    #[test]
+    fn a_declaration_is_a_small_regular_file_not_a_link() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("gpu-memory-bytes");
+        std::fs::write(&f, "1048576\n").unwrap();
+        assert_eq!(read_declaration(&f), Some(1 << 20));
+        // A symlink to a device that never ends, or to a host file: ignored, at once.
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink("/dev/zero", &link).unwrap();
+        assert_eq!(read_declaration(&link), None);
+        let host = dir.path().join("host");
+        std::fs::write(&host, "42").unwrap();
+        std::os::unix::fs::symlink(&host, dir.path().join("hostlink")).unwrap();
+        assert_eq!(read_declaration(&dir.path().join("hostlink")), None);
+        // A FIFO nobody writes: not a regular file, no wait.
+        let fifo = dir.path().join("fifo");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        assert_eq!(read_declaration(&fifo), None);
+        // A huge file: only its first 32 bytes are read (and they are not a number).
+        std::fs::write(&f, "1".repeat(1 << 20)).unwrap();
+        assert_eq!(read_declaration(&f), None);
     }
 }

@@ -203,12 +203,10 @@ e2e_check "in the container only that GPU's device node exists" bash -c \
 e2e_check "the container sees the kubelet grant (env from the NRI plugin)" bash -c \
     "$K8S_KUBECTL exec $SAMPLE -- env | grep -q '^NVIDIA_VISIBLE_DEVICES='"
 sleep 3
-a0=$(progress burn100) b0=$(progress "$SAMPLE")
-sleep 10
-a1=$(progress burn100) b1=$(progress "$SAMPLE")
-ratio=$(((b1 - b0) * 1000 / (a1 - a0 > 0 ? a1 - a0 : 1)))
-echo "rates over 10 s: unconstrained $(((a1 - a0) / 10))/s, sample (30 %) $(((b1 - b0) / 10))/s, ratio $((ratio / 10)).$((ratio % 10))%"
-e2e_check "sample runs at 30 ±5 % of the unconstrained pod (ratio ${ratio}‰)" test "$ratio" -ge 250 -a "$ratio" -le 350
+progress_id() { cat "$ROOT/agent-state/sim/$1/progress"; }
+e2e_quota_window "$STATUS_PORT" "$(container_id "$SAMPLE")" "$(container_id burn100)" progress_id
+e2e_check "sample uses 30 ±5 % of its GPU (${SHARE30}‰)" test "$SHARE30" -ge 250 -a "$SHARE30" -le 350
+e2e_check "sample runs at 30 ±5 % of the unconstrained pod's rate per GPU (${RATIO30}‰)" test "$RATIO30" -ge 250 -a "$RATIO30" -le 350
 e2e_check "agent metrics show the sample pod's quota" bash -c \
     "curl -fsS 127.0.0.1:$STATUS_PORT/metrics | grep -q 'gpushare_container_gpu_core_quota_ratio{pod=\"default/$SAMPLE\".*} 0.30'"
 kc delete pod burn100 --wait=true >/dev/null

@@ -620,6 +620,39 @@ e2e_run_pod_with_container() {
 
 e2e_last_pod_id() { cat "$E2E_ROOT/last-pod-id"; }
 
+# e2e_cpu_ns STATUS_PORT CONTAINER_ID: CPU time (ns) of the container's cgroup, its throttled
+# child included — with the sim backend, the time it used of the core that stands in for its
+# GPU. The cgroup comes from the agent's registry.
+e2e_cpu_ns() {
+    local path
+    path=$(curl -fsS "127.0.0.1:$1/registry" | jq -r --arg id "$2" '.[] | select(.id == $id) | .cgroups_path')
+    [[ -n $path ]] || return 1
+    if [[ -f /sys/fs/cgroup/cpuacct$path/cpuacct.usage ]]; then
+        cat "/sys/fs/cgroup/cpuacct$path/cpuacct.usage"
+    else
+        echo $(($(sed -n 's/^usage_usec //p' "/sys/fs/cgroup$path/cpu.stat") * 1000))
+    fi
+}
+
+# e2e_quota_window PORT ID30 ID100 PROGRESS_FN: over 10 s, the 30 % container's share of its
+# sim GPU (CPU time / wall time of its core) and the work it did as a share of what the
+# unconstrained container does with a whole GPU (its rate divided by its own share, so that
+# host load on the other core does not count). Sets SHARE30 and RATIO30 (per mille) and
+# prints the figures.
+e2e_quota_window() {
+    local port=$1 c30=$2 c100=$3 progress=$4 t0 t1 u0 v0 u1 v1 a0 b0 a1 b1 wall s100
+    t0=$(date +%s%N); u0=$(e2e_cpu_ns "$port" "$c30"); v0=$(e2e_cpu_ns "$port" "$c100")
+    a0=$("$progress" "$c100"); b0=$("$progress" "$c30")
+    sleep 10
+    t1=$(date +%s%N); u1=$(e2e_cpu_ns "$port" "$c30"); v1=$(e2e_cpu_ns "$port" "$c100")
+    a1=$("$progress" "$c100"); b1=$("$progress" "$c30")
+    wall=$((t1 - t0))
+    SHARE30=$(((u1 - u0) * 1000 / wall))
+    s100=$(((v1 - v0) * 1000 / wall))
+    RATIO30=$(((b1 - b0) * s100 / ((a1 - a0) > 0 ? (a1 - a0) : 1)))
+    echo "over 10 s: unconstrained $(((a1 - a0) / 10)) rounds/s on $((s100 / 10)).$((s100 % 10))% of its core; 30 % container $(((b1 - b0) / 10)) rounds/s on $((SHARE30 / 10)).$((SHARE30 % 10))% of its core → $((RATIO30 / 10)).$((RATIO30 % 10))% of the unconstrained rate per full core"
+}
+
 # --------------------------------------------------------------- checks ----
 # e2e_check DESC CMD...: run CMD in the current shell (so functions work and
 # their variable assignments/exports persist) with stdout+stderr captured to a

@@ -12,8 +12,10 @@ use crate::request::{ContainerRequest, MemoryUnit};
 pub struct Adjustment {
     pub devices: Vec<DeviceNode>,
     pub env: Vec<(String, String)>,
-    /// Environment variables to remove from the container.
-    pub remove_env: Vec<String>,
+    /// Environment variables set to the empty string. (Not removed: NRI's adaptation in
+    /// containerd 1.7 and 2.x — nri v0.8.0, v0.12.3 `adjustEnv` — drops a plugin's removal
+    /// markers before the spec is adjusted, so a removal never reaches the container.)
+    pub clear_env: Vec<String>,
     pub cdi_devices: Vec<String>,
     pub mounts: Vec<Mount>,
     /// CPU set to pin the container to (simulated GPUs).
@@ -76,7 +78,7 @@ pub fn neutralize_non_gpu(env: &[String]) -> Option<Adjustment> {
     if !keys.iter().any(|k| acts(k)) {
         return None;
     }
-    let mut remove_env: Vec<String> = keys
+    let mut clear_env: Vec<String> = keys
         .iter()
         .filter(|k| {
             (k.starts_with("NVIDIA_") || k.starts_with("CUDA_MPS_"))
@@ -84,17 +86,17 @@ pub fn neutralize_non_gpu(env: &[String]) -> Option<Adjustment> {
         })
         .map(|k| k.to_string())
         .collect();
-    remove_env.sort();
-    remove_env.dedup();
+    clear_env.sort();
+    clear_env.dedup();
     Some(Adjustment {
         env: vec![("NVIDIA_VISIBLE_DEVICES".into(), "void".into())],
-        remove_env,
+        clear_env,
         ..Adjustment::default()
     })
 }
 
 /// For a GPU container: device-selecting variables other than the ones gpushare sets, and
-/// (unless the MPS backend sets them) `CUDA_MPS_*` variables, removed from `env`, so that
+/// (unless the MPS backend sets them) `CUDA_MPS_*` variables, cleared, so that
 /// an image's `NVIDIA_MIG_CONFIG_DEVICES=all` or a pod's `CUDA_MPS_PIPE_DIRECTORY` cannot
 /// reach beyond the grant.
 pub fn strip_foreign_selectors(adj: &mut Adjustment, env: &[String]) {
@@ -108,7 +110,7 @@ pub fn strip_foreign_selectors(adj: &mut Adjustment, env: &[String]) {
         .collect();
     remove.sort();
     remove.dedup();
-    adj.remove_env.extend(remove);
+    adj.clear_env.extend(remove);
 }
 
 /// Where MPS clients find the control daemon's pipes inside the container.
@@ -497,7 +499,7 @@ mod tests {
             [("NVIDIA_VISIBLE_DEVICES".to_string(), "void".to_string())]
         );
         assert_eq!(
-            adj.remove_env,
+            adj.clear_env,
             [
                 "CUDA_MPS_PIPE_DIRECTORY",
                 "NVIDIA_DRIVER_CAPABILITIES",
@@ -509,7 +511,7 @@ mod tests {
         // nvidia-container-runtime: it is voided too.
         let adj = neutralize_non_gpu(&env(&["CUDA_VERSION=11.8.0"])).unwrap();
         assert_eq!(adj.env[0].1, "void");
-        assert!(adj.remove_env.is_empty());
+        assert!(adj.clear_env.is_empty());
     }
 
     #[test]
@@ -529,7 +531,7 @@ mod tests {
         .collect();
         strip_foreign_selectors(&mut adj, &env);
         assert_eq!(
-            adj.remove_env,
+            adj.clear_env,
             [
                 "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE",
                 "NVIDIA_MIG_MONITOR_DEVICES"
@@ -539,6 +541,6 @@ mod tests {
         let mut adj = build(&req, &devset(2), &OPTS).unwrap();
         add_mps(&mut adj, &req, "/run/mps");
         strip_foreign_selectors(&mut adj, &env);
-        assert_eq!(adj.remove_env, ["NVIDIA_MIG_MONITOR_DEVICES"]);
+        assert_eq!(adj.clear_env, ["NVIDIA_MIG_MONITOR_DEVICES"]);
     }
 }

@@ -1,0 +1,87 @@
+//! The guardian process (`gpushare guardian`) as the node agent starts it, and the state
+//! directory lock. No root needed: the guardian thaws a cgroup-v1-shaped directory in a
+//! tempdir.
+
+use std::io::Write;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use gpushare::throttle::guardian::StateLock;
+
+fn wait_exit(child: &mut std::process::Child, within: Duration) -> bool {
+    let t0 = Instant::now();
+    while t0.elapsed() < within {
+        if child.try_wait().unwrap().is_some() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    false
+}
+
+/// Under systemd's default `KillMode=control-group` the guardian gets SIGTERM in the same
+/// instant as the agent: it must ignore it, outlive the agent, and thaw.
+#[test]
+fn the_guardian_ignores_termination_signals_until_it_has_thawed() {
+    let dir = tempfile::tempdir().unwrap();
+    let cg = dir.path().join("cg");
+    std::fs::create_dir(&cg).unwrap();
+    std::fs::write(cg.join("freezer.state"), "FROZEN").unwrap();
+    let list = dir.path().join("guardian.list");
+    std::fs::write(&list, format!("{}\n", cg.display())).unwrap();
+    let mut guardian = Command::new(env!("CARGO_BIN_EXE_gpushare"))
+        .args(["guardian", "--list"])
+        .arg(&list)
+        .stdin(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let pid = nix::unistd::Pid::from_raw(guardian.id() as i32);
+    for sig in [
+        nix::sys::signal::Signal::SIGTERM,
+        nix::sys::signal::Signal::SIGINT,
+        nix::sys::signal::Signal::SIGHUP,
+    ] {
+        nix::sys::signal::kill(pid, sig).unwrap();
+    }
+    assert!(
+        !wait_exit(&mut guardian, Duration::from_millis(500)),
+        "the guardian died of a termination signal before the agent"
+    );
+    assert_eq!(
+        std::fs::read_to_string(cg.join("freezer.state")).unwrap(),
+        "FROZEN"
+    );
+    // The agent dies: its end of the pipe closes.
+    let mut stdin = guardian.stdin.take().unwrap();
+    stdin.write_all(b"x").unwrap();
+    drop(stdin);
+    assert!(
+        wait_exit(&mut guardian, Duration::from_secs(2)),
+        "guardian did not exit"
+    );
+    assert_eq!(
+        std::fs::read_to_string(cg.join("freezer.state")).unwrap(),
+        "THAWED"
+    );
+}
+
+#[test]
+fn one_agent_per_state_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let lock = StateLock::take(dir.path()).unwrap();
+    let e = match StateLock::take(dir.path()) {
+        Ok(_) => panic!("a second lock on the same state directory"),
+        Err(e) => e.to_string(),
+    };
+    assert_eq!(
+        e,
+        format!(
+            "{}/agent.lock is held by another gpushare process (pid {}); one agent per state directory",
+            dir.path().display(),
+            std::process::id()
+        )
+    );
+    drop(lock);
+    StateLock::take(dir.path()).expect("free again once the holder is gone");
+}
