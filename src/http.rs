@@ -2,7 +2,9 @@
 //! extender): an accept loop that survives accept errors (`EMFILE` included), a cap on open
 //! connections, a deadline for a request's headers, for each request (body included) and for
 //! a connection's whole life — so idle or slow clients cannot hold file descriptors or tasks
-//! that the controller and the watches need.
+//! that the controller and the watches need. With a TLS config it serves HTTPS and, with
+//! [`mtls_config`], accepts only clients whose certificate the given CA signed (the
+//! scheduler extender: kube-scheduler's `tlsConfig`).
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -69,6 +71,104 @@ pub async fn serve(
     limits: Limits,
     shutdown: impl Future<Output = ()> + Send,
 ) -> std::io::Result<()> {
+    serve_tls(listener, router, limits, None, shutdown).await
+}
+
+/// Why a TLS configuration cannot be built.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    #[error("{what} {}: {err}", path.display())]
+    Pem {
+        what: &'static str,
+        path: std::path::PathBuf,
+        err: rustls_pki_types::pem::Error,
+    },
+    #[error("{what} {} holds no certificate", path.display())]
+    Empty {
+        what: &'static str,
+        path: std::path::PathBuf,
+    },
+    #[error("client CA {}: {err}", path.display())]
+    Ca {
+        path: std::path::PathBuf,
+        err: String,
+    },
+    #[error("TLS configuration: {0}")]
+    Rustls(#[from] rustls::Error),
+}
+
+fn certs(
+    what: &'static str,
+    path: &std::path::Path,
+) -> Result<Vec<rustls_pki_types::CertificateDer<'static>>, TlsError> {
+    use rustls_pki_types::pem::PemObject;
+    let pem = |err| TlsError::Pem {
+        what,
+        path: path.to_path_buf(),
+        err,
+    };
+    let certs = rustls_pki_types::CertificateDer::pem_file_iter(path)
+        .map_err(pem)?
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(pem)?;
+    if certs.is_empty() {
+        return Err(TlsError::Empty {
+            what,
+            path: path.to_path_buf(),
+        });
+    }
+    Ok(certs)
+}
+
+/// Mutual TLS: serve `cert`/`key` (PEM) and accept only clients presenting a certificate
+/// that `client_ca` (PEM) signed, for client authentication.
+pub fn mtls_config(
+    cert: &std::path::Path,
+    key: &std::path::Path,
+    client_ca: &std::path::Path,
+) -> Result<Arc<rustls::ServerConfig>, TlsError> {
+    use rustls_pki_types::pem::PemObject;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let chain = certs("certificate", cert)?;
+    let key = rustls_pki_types::PrivateKeyDer::from_pem_file(key).map_err(|err| TlsError::Pem {
+        what: "key",
+        path: key.to_path_buf(),
+        err,
+    })?;
+    let mut roots = rustls::RootCertStore::empty();
+    for ca in certs("client CA", client_ca)? {
+        roots.add(ca).map_err(|e| TlsError::Ca {
+            path: client_ca.to_path_buf(),
+            err: e.to_string(),
+        })?;
+    }
+    let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+        Arc::new(roots),
+        provider.clone(),
+    )
+    .build()
+    .map_err(|e| TlsError::Ca {
+        path: client_ca.to_path_buf(),
+        err: e.to_string(),
+    })?;
+    let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(chain, key)?;
+    cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(Arc::new(cfg))
+}
+
+/// [`serve`], over TLS when `tls` is given (the handshake must finish within the header
+/// deadline).
+pub async fn serve_tls(
+    listener: TcpListener,
+    router: Router,
+    limits: Limits,
+    tls: Option<Arc<rustls::ServerConfig>>,
+    shutdown: impl Future<Output = ()> + Send,
+) -> std::io::Result<()> {
+    let acceptor = tls.map(tokio_rustls::TlsAcceptor::from);
     let timeout = limits.request_timeout;
     let router = router.layer(axum::middleware::from_fn(
         move |req: Request, next: Next| request_deadline(timeout, req, next),
@@ -98,24 +198,21 @@ pub async fn serve(
                 continue;
             };
             let router = router.clone();
+            let acceptor = acceptor.clone();
             connections.spawn(async move {
                 let _permit = permit;
-                let service = hyper::service::service_fn(move |req: hyper::Request<_>| {
-                    let router = router.clone();
-                    async move {
-                        Ok::<_, Infallible>(
-                            router
-                                .oneshot(req.map(Body::new))
-                                .await
-                                .unwrap_or_else(|e| match e {}),
-                        )
+                match acceptor {
+                    None => serve_connection(stream, router, limits).await,
+                    Some(acceptor) => {
+                        match tokio::time::timeout(limits.header_timeout, acceptor.accept(stream))
+                            .await
+                        {
+                            Ok(Ok(tls)) => serve_connection(tls, router, limits).await,
+                            Ok(Err(e)) => tracing::debug!(error = %e, "TLS handshake refused"),
+                            Err(_) => tracing::debug!("TLS handshake timed out"),
+                        }
                     }
-                });
-                let conn = hyper::server::conn::http1::Builder::new()
-                    .timer(TokioTimer::new())
-                    .header_read_timeout(limits.header_timeout)
-                    .serve_connection(TokioIo::new(stream), service);
-                let _ = tokio::time::timeout(limits.connection_lifetime, conn).await;
+                }
             });
             // Reap finished connection tasks so the set does not grow.
             while connections.try_join_next().is_some() {}
@@ -126,4 +223,26 @@ pub async fn serve(
         _ = shutdown => {}
     }
     Ok(())
+}
+
+async fn serve_connection<I>(io: I, router: Router, limits: Limits)
+where
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let service = hyper::service::service_fn(move |req: hyper::Request<_>| {
+        let router = router.clone();
+        async move {
+            Ok::<_, Infallible>(
+                router
+                    .oneshot(req.map(Body::new))
+                    .await
+                    .unwrap_or_else(|e| match e {}),
+            )
+        }
+    });
+    let conn = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_timeout)
+        .serve_connection(TokioIo::new(io), service);
+    let _ = tokio::time::timeout(limits.connection_lifetime, conn).await;
 }

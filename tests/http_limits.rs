@@ -164,3 +164,108 @@ fn idle_flood_slow_body_and_fd_exhaustion() {
         "the endpoint does not answer after running out of file descriptors"
     );
 }
+
+/// A throwaway CA with a server certificate for 127.0.0.1 and a client certificate it
+/// signed, and a second CA with a client certificate of its own (openssl CLI).
+fn pki(dir: &std::path::Path) {
+    let script = format!(
+        r#"set -e
+cd {dir}
+for ca in ca other; do
+  openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout $ca.key -out $ca.crt -subj /CN=$ca -days 1 -addext basicConstraints=critical,CA:TRUE -addext keyUsage=critical,keyCertSign
+done
+cert() {{ # NAME CA EKU [SAN]
+  openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout $1.key -out $1.csr -subj /CN=$1
+  printf 'basicConstraints=critical,CA:FALSE\nkeyUsage=critical,digitalSignature\nextendedKeyUsage=%s\n%s\n' $3 "${{4:-}}" >$1.ext
+  openssl x509 -req -in $1.csr -CA $2.crt -CAkey $2.key -CAcreateserial -out $1.crt -days 1 -extfile $1.ext
+}}
+cert server ca serverAuth subjectAltName=IP:127.0.0.1
+cert client ca clientAuth
+cert stranger other clientAuth
+"#,
+        dir = dir.display()
+    );
+    let out = std::process::Command::new("bash")
+        .args(["-c", &script])
+        .output()
+        .expect("bash and openssl");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// `curl` the endpoint over TLS; the HTTP status, or None when the connection failed.
+fn curl(dir: &std::path::Path, port: u16, client: Option<&str>) -> Option<u16> {
+    let mut cmd = std::process::Command::new("curl");
+    cmd.args([
+        "-sS",
+        "-o",
+        "/dev/null",
+        "-w",
+        "%{http_code}",
+        "--max-time",
+        "5",
+    ])
+    .arg("--cacert")
+    .arg(dir.join("ca.crt"));
+    if let Some(c) = client {
+        cmd.arg("--cert")
+            .arg(dir.join(format!("{c}.crt")))
+            .arg("--key")
+            .arg(dir.join(format!("{c}.key")));
+    }
+    let out = cmd
+        .arg(format!("https://127.0.0.1:{port}/healthz"))
+        .output()
+        .expect("curl");
+    let code: u16 = String::from_utf8_lossy(&out.stdout).trim().parse().ok()?;
+    (code != 0).then_some(code)
+}
+
+#[test]
+fn mutual_tls_admits_only_clients_of_the_ca() {
+    let dir = tempfile::tempdir().unwrap();
+    pki(dir.path());
+    let p = |n: &str| dir.path().join(n);
+    let tls =
+        gpushare::http::mtls_config(&p("server.crt"), &p("server.key"), &p("ca.crt")).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        tokio::runtime::Runtime::new().unwrap().block_on(async {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            tx.send(listener.local_addr().unwrap().port()).unwrap();
+            gpushare::http::serve_tls(
+                listener,
+                router(),
+                LIMITS,
+                Some(tls),
+                std::future::pending(),
+            )
+            .await
+            .unwrap();
+        });
+    });
+    let port = rx.recv().unwrap();
+    assert_eq!(curl(dir.path(), port, Some("client")), Some(200));
+    assert_eq!(curl(dir.path(), port, None), None, "no client certificate");
+    assert_eq!(
+        curl(dir.path(), port, Some("stranger")),
+        None,
+        "a client certificate of another CA"
+    );
+    // Plain HTTP on the TLS port gets nothing.
+    assert_eq!(
+        healthz(std::net::SocketAddr::from(([127, 0, 0, 1], port))),
+        None
+    );
+    // A bad file names itself.
+    let e = gpushare::http::mtls_config(&p("server.crt"), &p("server.key"), &p("missing.crt"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.starts_with(&format!("client CA {}: ", p("missing.crt").display())),
+        "{e}"
+    );
+}

@@ -318,3 +318,19 @@ fn a_running_container_that_cannot_be_accounted_keeps_new_ones_out() {
     .unwrap()
     .expect("admitted");
 }
+
+#[test]
+fn every_gpu_is_advertised_unhealthy_while_quotas_cannot_be_enforced() {
+    let mut state = AgentState::in_memory("test-node");
+    state.enforce_quotas = true;
+    let node = Node::new(state);
+    let all = [0, 1, 2, 3];
+    // No controller: kubelet must not admit GPU pods here.
+    assert_eq!(
+        node.advertised_unhealthy([2].into(), &all),
+        [0, 1, 2, 3].into()
+    );
+    // Quotas not enforced on this node (throttle off): the GPUs' own health only.
+    let node = Node::new(AgentState::in_memory("test-node"));
+    assert_eq!(node.advertised_unhealthy([2].into(), &all), [2].into());
+}

@@ -208,10 +208,13 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<()> {
         });
         // GPU health (NVML or the sim file) → the device plugin's devices and the node
         // annotation.
+        // While quotas cannot be enforced every GPU is advertised unhealthy.
         let health_task = device_plugin.as_ref().map(|dp| {
             let plugins = dp.plugins_handle();
+            let all: Vec<u32> = gpus.1.gpus.iter().map(|g| g.index).collect();
+            let node = node.clone();
             tokio::spawn(crate::gpu::health::poll(health, HEALTH_PERIOD, move |u| {
-                plugins.set_unhealthy(u)
+                plugins.set_unhealthy(node.advertised_unhealthy(u, &all))
             }))
         });
         let reg = Registration {

@@ -32,6 +32,23 @@ pub struct SchedulerArgs {
     pub memory_unit: MemoryUnit,
     #[arg(long, default_value = "info")]
     pub log_level: String,
+    /// Serving certificate (PEM) of the extender's HTTPS endpoint.
+    #[arg(long, requires_all = ["tls_key", "client_ca"])]
+    pub tls_cert: Option<PathBuf>,
+    /// Key (PEM) of the serving certificate.
+    #[arg(long, requires_all = ["tls_cert", "client_ca"])]
+    pub tls_key: Option<PathBuf>,
+    /// CA (PEM) whose client certificates may call the extender: kube-scheduler's extender
+    /// `tlsConfig.certFile` must be signed by it. Use a CA of its own for this.
+    #[arg(long, requires_all = ["tls_cert", "tls_key"])]
+    pub client_ca: Option<PathBuf>,
+    /// Serve plain HTTP without authentication (a loopback `--listen` only; tests and
+    /// benchmarks): anyone who can connect can have pods bound.
+    #[arg(long, conflicts_with_all = ["tls_cert", "tls_key", "client_ca"])]
+    pub insecure_http: bool,
+    /// Only pods with this `schedulerName` are bound (repeat for several profiles).
+    #[arg(long = "scheduler-name", default_values_t = [String::from("default-scheduler"), String::from("gpushare-scheduler")])]
+    pub scheduler_names: Vec<String>,
 }
 
 pub fn run(args: &SchedulerArgs) -> anyhow::Result<()> {
@@ -42,6 +59,22 @@ pub fn run(args: &SchedulerArgs) -> anyhow::Result<()> {
     if !POLICIES.contains(&args.policy.as_str()) {
         return Err(UnknownPolicy(args.policy.clone()).into());
     }
+    let tls = match (&args.tls_cert, &args.tls_key, &args.client_ca) {
+        (Some(cert), Some(key), Some(ca)) => Some(crate::http::mtls_config(cert, key, ca)?),
+        _ if args.insecure_http => {
+            if !args.listen.ip().is_loopback() {
+                anyhow::bail!(
+                    "--insecure-http serves without authentication and is allowed on a loopback --listen only, not {}",
+                    args.listen
+                );
+            }
+            tracing::warn!(listen = %args.listen, "serving plain HTTP without authentication (--insecure-http)");
+            None
+        }
+        _ => anyhow::bail!(
+            "the extender binds pods with the scheduler's identity, so it authenticates its callers: pass --tls-cert, --tls-key and --client-ca (kube-scheduler's extender tlsConfig presents a client certificate signed by that CA), or --insecure-http on a loopback --listen for a test setup"
+        ),
+    };
     let settings = crate::scheduler::Settings {
         policy: args.policy.clone(),
         names: ResourceNames {
@@ -49,6 +82,8 @@ pub fn run(args: &SchedulerArgs) -> anyhow::Result<()> {
             ..Default::default()
         },
         assume_ttl: Duration::from_secs(args.assume_ttl_secs),
+        scheduler_names: args.scheduler_names.clone(),
+        tls,
     };
     let rt = tokio::runtime::Runtime::new().context("tokio runtime")?;
     rt.block_on(async {

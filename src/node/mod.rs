@@ -485,6 +485,31 @@ impl Node {
         }
     }
 
+    /// Why GPU containers would be refused now for lack of enforcement (`None`: they
+    /// would not be, or quotas are not enforced on this node).
+    pub fn enforcement_problem(&self) -> Option<String> {
+        let state = self.state()?;
+        self.check_enforcement(&state).err().map(|e| e.to_string())
+    }
+
+    /// The GPUs the device plugin should advertise as unhealthy: those `unhealthy` names,
+    /// and all of `all` while quotas cannot be enforced — so kubelet stops admitting GPU
+    /// pods here (allocatable drops to 0) instead of them failing at creation, or worse,
+    /// running unthrottled on a runtime that skips a dead plugin.
+    pub fn advertised_unhealthy(
+        &self,
+        unhealthy: crate::gpu::health::Unhealthy,
+        all: &[u32],
+    ) -> crate::gpu::health::Unhealthy {
+        match self.enforcement_problem() {
+            None => unhealthy,
+            Some(reason) => {
+                tracing::warn!(%reason, "advertising every GPU unhealthy while quotas cannot be enforced");
+                all.iter().copied().collect()
+            }
+        }
+    }
+
     pub fn state(&self) -> Option<Arc<AgentState>> {
         self.state.read().expect("state lock").clone()
     }

@@ -29,6 +29,10 @@ pub struct Settings {
     pub names: ResourceNames,
     /// How long an assumed allocation is held when its pod is never seen bound.
     pub assume_ttl: Duration,
+    /// Only pods with one of these `schedulerName`s are bound.
+    pub scheduler_names: Vec<String>,
+    /// Mutual TLS for the HTTP endpoint (`None`: plain HTTP, loopback tests only).
+    pub tls: Option<std::sync::Arc<rustls::ServerConfig>>,
 }
 
 /// Serves the extender on `listener` until `shutdown` completes: the watches of nodes and
@@ -43,7 +47,9 @@ pub async fn serve(
     let binder = Arc::new(apiserver::KubeBinder {
         client: client.clone(),
     });
-    let ext = Arc::new(server::Extender::new(cluster, binder));
+    let ext = Arc::new(
+        server::Extender::new(cluster, binder).with_scheduler_names(settings.scheduler_names),
+    );
     tokio::spawn(apiserver::watch_nodes(client.clone(), ext.clone()));
     tokio::spawn(apiserver::watch_pods(client, ext.clone()));
     let expiry = ext.clone();
@@ -64,10 +70,11 @@ pub async fn serve(
             }
         }
     });
-    crate::http::serve(
+    crate::http::serve_tls(
         listener,
         server::router(ext),
         crate::http::Limits::default(),
+        settings.tls,
         shutdown,
     )
     .await

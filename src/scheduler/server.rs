@@ -67,6 +67,18 @@ pub enum BindRefusal {
     },
     #[error("pod {pod} is already bound to {node}")]
     AlreadyBound { pod: String, node: String },
+    #[error("pod {pod} has schedulerName {name:?}; this extender binds pods of {served:?} only")]
+    OtherScheduler {
+        pod: String,
+        name: String,
+        served: Vec<String>,
+    },
+    #[error("bind request: {field} {value:?} is not a valid Kubernetes name")]
+    BadName { field: &'static str, value: String },
+    #[error("pod {pod}: a bind for it is already in progress")]
+    InProgress { pod: String },
+    #[error("gpushare scheduler: cache not synced with the API server yet")]
+    NotSynced,
     #[error(transparent)]
     Reserve(#[from] ReserveError),
 }
@@ -206,6 +218,47 @@ pub struct Extender {
     /// Both watches listed once (until then filter answers with an error).
     pub synced_nodes: AtomicBool,
     pub synced_pods: AtomicBool,
+    /// Only pods with one of these `schedulerName`s are bound.
+    scheduler_names: Vec<String>,
+    /// Pods (namespace/name) with a bind under way: one bind per pod at a time.
+    binding: Mutex<std::collections::HashSet<String>>,
+}
+
+/// Removes a pod from the in-progress set when its bind ends, however it ends.
+struct BindSlot<'a>(&'a Extender, String);
+
+impl Drop for BindSlot<'_> {
+    fn drop(&mut self) {
+        self.0
+            .binding
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&self.1);
+    }
+}
+
+/// `v` cut to 64 characters, with its length when cut: a request's value echoed in an error.
+fn short(v: &str) -> String {
+    match v.char_indices().nth(64) {
+        None => v.to_string(),
+        Some((i, _)) => format!("{}… ({} bytes)", &v[..i], v.len()),
+    }
+}
+
+/// A DNS-1123 subdomain (object and node names): at most 253 characters of lowercase
+/// alphanumerics, '-' and '.', starting and ending alphanumeric.
+pub fn is_dns_subdomain(s: &str) -> bool {
+    let an = |c: u8| c.is_ascii_lowercase() || c.is_ascii_digit();
+    !s.is_empty()
+        && s.len() <= 253
+        && s.bytes().all(|c| an(c) || c == b'-' || c == b'.')
+        && an(s.as_bytes()[0])
+        && an(s.as_bytes()[s.len() - 1])
+}
+
+/// A DNS-1123 label (namespaces): a subdomain of at most 63 characters without '.'.
+pub fn is_dns_label(s: &str) -> bool {
+    s.len() <= 63 && !s.contains('.') && is_dns_subdomain(s)
 }
 
 impl Extender {
@@ -216,7 +269,15 @@ impl Extender {
             metrics: Metrics::default(),
             synced_nodes: AtomicBool::new(false),
             synced_pods: AtomicBool::new(false),
+            scheduler_names: vec!["default-scheduler".into(), "gpushare-scheduler".into()],
+            binding: Mutex::new(Default::default()),
         }
+    }
+
+    /// Binds only pods whose `schedulerName` is one of `names`.
+    pub fn with_scheduler_names(mut self, names: Vec<String>) -> Self {
+        self.scheduler_names = names;
+        self
     }
 
     pub fn synced(&self) -> bool {
@@ -269,12 +330,57 @@ impl Extender {
     }
 
     async fn bind_inner(&self, args: &ExtenderBindingArgs) -> Result<(), BindError> {
+        for (field, value, ok) in [
+            (
+                "podNamespace",
+                &args.pod_namespace,
+                is_dns_label(&args.pod_namespace),
+            ),
+            ("podName", &args.pod_name, is_dns_subdomain(&args.pod_name)),
+            ("node", &args.node, is_dns_subdomain(&args.node)),
+        ] {
+            if !ok {
+                return Err(BindRefusal::BadName {
+                    field,
+                    value: short(value),
+                }
+                .into());
+            }
+        }
+        if !self.synced() {
+            return Err(BindRefusal::NotSynced.into());
+        }
         let key = PodKey {
             namespace: args.pod_namespace.clone(),
             name: args.pod_name.clone(),
         };
+        // One bind per pod at a time: a second one must not drop the first's reservation
+        // or clear the annotations of a pod the first has bound.
+        let slot = key.to_string();
+        if !self
+            .binding
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(slot.clone())
+        {
+            return Err(BindRefusal::InProgress { pod: slot }.into());
+        }
+        let _slot = BindSlot(self, slot);
         let node = &args.node;
         let pod = self.binder.get_pod(&key).await?;
+        let scheduler = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.scheduler_name.clone())
+            .unwrap_or_else(|| "default-scheduler".into());
+        if !self.scheduler_names.contains(&scheduler) {
+            return Err(BindRefusal::OtherScheduler {
+                pod: key.to_string(),
+                name: scheduler,
+                served: self.scheduler_names.clone(),
+            }
+            .into());
+        }
         let uid = pod.metadata.uid.clone().unwrap_or_default();
         if !args.pod_uid.is_empty() && uid != args.pod_uid {
             return Err(BindRefusal::UidMismatch {
@@ -336,6 +442,18 @@ impl Extender {
             return Err(e.into());
         }
         if let Err(e) = self.binder.bind(&key, &uid, node).await {
+            // Bound after all (by an earlier attempt whose answer was lost, say): what the
+            // pod carries is what it holds; leave it.
+            if let Ok(now) = self.binder.get_pod(&key).await
+                && now
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.node_name.as_deref())
+                    .is_some()
+            {
+                tracing::warn!(pod = %key, "bind failed but the pod is bound: its assignment stays");
+                return Err(e.into());
+            }
             self.lock().forget_pod(&uid);
             // Take the assignment back so nothing on the pod claims GPUs it does not hold.
             let clear = ann.keys().map(|k| (k.clone(), None)).collect();
@@ -538,6 +656,8 @@ mod tests {
             std::time::Duration::from_secs(60),
         );
         let ext = Extender::new(cluster, Arc::new(OnePod));
+        ext.synced_nodes.store(true, Ordering::Release);
+        ext.synced_pods.store(true, Ordering::Release);
         let args = |name: &str, uid: &str| ExtenderBindingArgs {
             pod_name: name.into(),
             pod_namespace: "ns".into(),
@@ -558,6 +678,213 @@ mod tests {
         assert_eq!(ext.metrics.binds_failed.load(Ordering::Relaxed), 1);
         let r = ext.filter(&ExtenderArgs::default());
         assert_eq!(r.error, "filter: the request carries no Pod");
+    }
+
+    /// One GPU pod `default/g` (2 GiB, 30 %) with a scheduler name; `bind` waits for `gate`
+    /// and then fails or succeeds; annotation patches are recorded.
+    struct GpuPod {
+        scheduler: Option<String>,
+        bound_to: std::sync::Mutex<Option<String>>,
+        gate: tokio::sync::Notify,
+        bind_fails: bool,
+        patches: std::sync::Mutex<Vec<Annotations>>,
+    }
+
+    impl GpuPod {
+        fn new(scheduler: Option<&str>, bind_fails: bool) -> Arc<GpuPod> {
+            Arc::new(GpuPod {
+                scheduler: scheduler.map(str::to_string),
+                bound_to: Default::default(),
+                gate: tokio::sync::Notify::new(),
+                bind_fails,
+                patches: Default::default(),
+            })
+        }
+    }
+
+    #[async_trait]
+    impl Binder for GpuPod {
+        async fn get_pod(&self, _: &PodKey) -> Result<Pod, ApiError> {
+            use k8s_openapi::api::core::v1::{Container, PodSpec, ResourceRequirements};
+            use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+            let mut p = Pod::default();
+            p.metadata.namespace = Some("default".into());
+            p.metadata.name = Some("g".into());
+            p.metadata.uid = Some("uid-g".into());
+            p.spec = Some(PodSpec {
+                scheduler_name: self.scheduler.clone(),
+                node_name: self.bound_to.lock().unwrap().clone(),
+                containers: vec![Container {
+                    name: "main".into(),
+                    resources: Some(ResourceRequirements {
+                        limits: Some(
+                            [
+                                ("aliyun.com/gpu-mem".to_string(), Quantity("2".into())),
+                                (
+                                    "aliyun.com/gpu-core.percentage".to_string(),
+                                    Quantity("30".into()),
+                                ),
+                            ]
+                            .into(),
+                        ),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            });
+            Ok(p)
+        }
+        async fn annotate(&self, _: &PodKey, a: Annotations) -> Result<(), ApiError> {
+            self.patches.lock().unwrap().push(a);
+            Ok(())
+        }
+        async fn bind(&self, pod: &PodKey, _: &str, node: &str) -> Result<(), ApiError> {
+            self.gate.notified().await;
+            if self.bind_fails {
+                // Someone else's bind won the race: the pod is bound, ours conflicts.
+                *self.bound_to.lock().unwrap() = Some(node.to_string());
+                return Err(ApiError::Bind {
+                    pod: pod.clone(),
+                    node: node.into(),
+                    source: "409 Conflict: pod is already assigned".into(),
+                });
+            }
+            *self.bound_to.lock().unwrap() = Some(node.to_string());
+            Ok(())
+        }
+    }
+
+    fn gpu_cluster() -> Cluster {
+        use gpushare_core::request::node::{NODE_GPUS_ANNOTATION, NodeGpu, NodeGpus};
+        let mut cluster = Cluster::new(
+            "gpushare",
+            gpushare_core::request::ResourceNames::default(),
+            std::time::Duration::from_secs(60),
+        );
+        let gpus = NodeGpus {
+            version: 1,
+            gpus: vec![NodeGpu {
+                index: 0,
+                uuid: "GPU-0".into(),
+                model: "sim".into(),
+                memory_mib: 15360,
+                healthy: true,
+            }],
+        };
+        let mut node = k8s_openapi::api::core::v1::Node::default();
+        node.metadata.name = Some("a".into());
+        node.metadata.annotations =
+            Some([(NODE_GPUS_ANNOTATION.to_string(), gpus.to_json())].into());
+        node.metadata.labels =
+            Some([("ack.node.gpu.schedule".to_string(), "core_mem".to_string())].into());
+        cluster.set_node(&node);
+        cluster
+    }
+
+    fn bind_g(node: &str) -> ExtenderBindingArgs {
+        ExtenderBindingArgs {
+            pod_name: "g".into(),
+            pod_namespace: "default".into(),
+            pod_uid: "uid-g".into(),
+            node: node.into(),
+        }
+    }
+
+    #[tokio::test]
+    async fn bind_refuses_what_it_must_not_do() {
+        let binder = GpuPod::new(None, false);
+        let ext = Extender::new(gpu_cluster(), binder.clone());
+        // Before both watches have listed: no bind.
+        let e = ext.bind_inner(&bind_g("a")).await.unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "gpushare scheduler: cache not synced with the API server yet"
+        );
+        ext.synced_nodes.store(true, Ordering::Release);
+        ext.synced_pods.store(true, Ordering::Release);
+        // Names that are not Kubernetes names.
+        for (args, want) in [
+            (
+                ExtenderBindingArgs {
+                    pod_namespace: "Default".into(),
+                    ..bind_g("a")
+                },
+                "bind request: podNamespace \"Default\" is not a valid Kubernetes name",
+            ),
+            (
+                ExtenderBindingArgs {
+                    pod_name: "../x".into(),
+                    ..bind_g("a")
+                },
+                "bind request: podName \"../x\" is not a valid Kubernetes name",
+            ),
+            (
+                bind_g(&"n".repeat(300)),
+                "bind request: node \"nnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnn… (300 bytes)\" is not a valid Kubernetes name",
+            ),
+        ] {
+            assert_eq!(ext.bind_inner(&args).await.unwrap_err().to_string(), want);
+        }
+        // A pod of another scheduler is not ours to bind.
+        let ext = Extender::new(gpu_cluster(), GpuPod::new(Some("other-scheduler"), false));
+        ext.synced_nodes.store(true, Ordering::Release);
+        ext.synced_pods.store(true, Ordering::Release);
+        assert_eq!(
+            ext.bind_inner(&bind_g("a")).await.unwrap_err().to_string(),
+            "pod default/g has schedulerName \"other-scheduler\"; this extender binds pods of [\"default-scheduler\", \"gpushare-scheduler\"] only"
+        );
+        assert!(binder.patches.lock().unwrap().is_empty(), "nothing written");
+    }
+
+    #[tokio::test]
+    async fn one_bind_per_pod_and_a_bound_pod_keeps_its_assignment() {
+        // A second /bind while the first is under way is refused and changes nothing.
+        let binder = GpuPod::new(Some("gpushare-scheduler"), false);
+        let ext = Arc::new(Extender::new(gpu_cluster(), binder.clone()));
+        ext.synced_nodes.store(true, Ordering::Release);
+        ext.synced_pods.store(true, Ordering::Release);
+        let first = tokio::spawn({
+            let ext = ext.clone();
+            async move { ext.bind_inner(&bind_g("a")).await }
+        });
+        while binder.patches.lock().unwrap().is_empty() {
+            assert!(!first.is_finished(), "the first bind ended early");
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        let e = ext.bind_inner(&bind_g("a")).await.unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "pod default/g: a bind for it is already in progress"
+        );
+        binder.gate.notify_one();
+        first.await.unwrap().expect("the first bind succeeds");
+        assert_eq!(
+            binder.patches.lock().unwrap().len(),
+            1,
+            "one assignment written"
+        );
+        let allocs = ext.allocations_json();
+        assert_eq!(
+            allocs["allocations"].as_array().map(Vec::len),
+            Some(1),
+            "{allocs}"
+        );
+
+        // The Binding fails because the pod got bound meanwhile: its assignment stays.
+        let binder = GpuPod::new(None, true);
+        let ext = Arc::new(Extender::new(gpu_cluster(), binder.clone()));
+        ext.synced_nodes.store(true, Ordering::Release);
+        ext.synced_pods.store(true, Ordering::Release);
+        binder.gate.notify_one();
+        let e = ext.bind_inner(&bind_g("a")).await.unwrap_err();
+        assert!(e.is_fault(), "{e}");
+        let patches = binder.patches.lock().unwrap();
+        assert_eq!(
+            patches.len(),
+            1,
+            "no patch clearing the assignment: {patches:?}"
+        );
     }
 
     #[test]

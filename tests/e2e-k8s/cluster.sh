@@ -48,6 +48,9 @@
 #                        not ignorable, managedResources aliyun.com/gpu-mem,
 #                        aliyun.com/gpu-core.percentage, aliyun.com/gpu-count,
 #                        httpTimeout 10s)
+#   K8S_EXTENDER_TLS_DIR with K8S_EXTENDER_URL: call it over HTTPS with mutual
+#                        TLS — tlsConfig caFile DIR/ca.crt (verifies the
+#                        extender), certFile/keyFile DIR/kube-scheduler.{crt,key}
 #   K8S_EXTENDER_IGNORED_BY_SCHEDULER  true|false (default false) for those resources
 #   K8S_CONTROLLERS      kube-controller-manager --controllers list; "none" starts
 #                        no controller manager (Jobs then never get pods)
@@ -400,7 +403,7 @@ extenders:
   prioritizeVerb: prioritize
   bindVerb: bind
   weight: 10
-  enableHTTPS: false
+  enableHTTPS: $([[ -n ${K8S_EXTENDER_TLS_DIR:-} ]] && echo true || echo false)
   nodeCacheCapable: true
   ignorable: false
   httpTimeout: 10s
@@ -409,6 +412,10 @@ EOF
         for r in aliyun.com/gpu-mem aliyun.com/gpu-core.percentage aliyun.com/gpu-count; do
             printf '  - name: %s\n    ignoredByScheduler: %s\n' "$r" "$ign" >>"$f"
         done
+        if [[ -n ${K8S_EXTENDER_TLS_DIR:-} ]]; then
+            printf '  tlsConfig:\n    caFile: %s/ca.crt\n    certFile: %s/kube-scheduler.crt\n    keyFile: %s/kube-scheduler.key\n' \
+                "$K8S_EXTENDER_TLS_DIR" "$K8S_EXTENDER_TLS_DIR" "$K8S_EXTENDER_TLS_DIR" >>"$f"
+        fi
     fi
 }
 

@@ -17,7 +17,22 @@ BIN=${GPUSHARE_BIN:-$E2E_REPO/target/release/gpushare}
 [[ -x $BIN ]] || { echo "e2e-k8s: $BIN not built (cargo build --release)" >&2; exit 1; }
 EXT_PORT=${GPUSHARE_EXT_PORT:-39999}
 STATUS_PORT=${GPUSHARE_STATUS_PORT:-39998}
-export K8S_EXTENDER_URL=http://127.0.0.1:$EXT_PORT
+# kube-scheduler calls the extender over mutual TLS (issue 11.2): the extender's serving
+# certificate and kube-scheduler's client certificate come from a CA of their own.
+export K8S_EXTENDER_URL=https://127.0.0.1:$EXT_PORT
+EXT_PKI=$(mktemp -d /tmp/gpushare-ext-pki.XXXXXX)
+export K8S_EXTENDER_TLS_DIR=$EXT_PKI
+pki_ca "$EXT_PKI" "/CN=gpushare-extender-clients" 30 &&
+    pki_cert "$EXT_PKI" 30 extender "/CN=gpushare-extender" serverAuth "IP:127.0.0.1" &&
+    pki_cert "$EXT_PKI" 30 kube-scheduler "/CN=kube-scheduler" clientAuth ||
+    { echo "e2e-k8s: cannot make the extender's PKI" >&2; exit 1; }
+# ext_curl PATH [CURL ARGS...]: the extender's endpoint as kube-scheduler reaches it.
+ext_curl() {
+    curl -fsS --max-time 10 --cacert "$EXT_PKI/ca.crt" --cert "$EXT_PKI/kube-scheduler.crt" \
+        --key "$EXT_PKI/kube-scheduler.key" "https://127.0.0.1:$EXT_PORT/$1" "${@:2}"
+}
+export -f ext_curl
+export EXT_PKI EXT_PORT
 AGENT_PID=
 EXT_PID=
 ROOT=
@@ -34,6 +49,7 @@ cleanup() {
         cp "$ROOT"/agent.log "$ROOT"/extender.log "$K8S_SAVE_LOGS_DIR"/ 2>/dev/null || true
     fi
     k8s_down
+    rm -rf "$EXT_PKI"
 }
 trap cleanup EXIT
 
@@ -142,9 +158,10 @@ start_agent() {
 
 start_extender() {
     "$BIN" scheduler --listen "127.0.0.1:$EXT_PORT" --kubeconfig "$ROOT/gpushare-scheduler.kubeconfig" \
+        --tls-cert "$EXT_PKI/extender.crt" --tls-key "$EXT_PKI/extender.key" --client-ca "$EXT_PKI/ca.crt" \
         >>"$ROOT/extender.log" 2>&1 &
     EXT_PID=$!
-    wait_for 30 "extender synced" curl -fsS "127.0.0.1:$EXT_PORT/healthz"
+    wait_for 30 "extender synced" ext_curl healthz
 }
 
 allocatable() { kc get node "$K8S_NODE" -o json | jq -r --arg r "aliyun.com/$1" '.status.allocatable[$r] // ""'; }
@@ -187,6 +204,19 @@ e2e_check "GPU 3 healthy again → node annotation says healthy: true" wait_for 
     bash -c "[[ \$($gpu3_health) == true ]]"
 e2e_require "… and allocatable gpu-mem is back to 60" wait_for 60 "gpu-mem 60" alloc_is gpu-mem 60
 e2e_require "gpushare scheduler (extender) starts and syncs" start_extender
+# The open door of issue 11.2, closed: without kube-scheduler's client certificate nobody gets
+# an answer, and a /bind in plain HTTP gets nothing either.
+unauth_bind() { # CURL ARGS...: the HTTP status of a /bind as an attacker would send it (000: none)
+    curl -s -o /dev/null -w '%{http_code}' --max-time 5 "$@" -H 'content-type: application/json' \
+        -d "{\"PodName\":\"x\",\"PodNamespace\":\"default\",\"PodUID\":\"\",\"Node\":\"$K8S_NODE\"}"
+}
+export -f unauth_bind
+export K8S_NODE
+e2e_check "an unauthenticated /bind (no client certificate) gets no answer" bash -c \
+    "[[ \$(unauth_bind --cacert $EXT_PKI/ca.crt https://127.0.0.1:$EXT_PORT/bind) == 000 ]]"
+e2e_check "… and neither does one in plain HTTP" bash -c \
+    "[[ \$(unauth_bind http://127.0.0.1:$EXT_PORT/bind) == 000 ]]"
+e2e_check "… while kube-scheduler's certificate gets answers" ext_curl healthz
 
 echo "=== 2. the sample Job (2 GiB, 30 %) and an unconstrained pod"
 job_yaml sample 2 30 "$BURN" | kc apply -f - >/dev/null
@@ -279,7 +309,7 @@ pending_reasons | sort | uniq -c | head -5
 e2e_check "the rest wait with a readable reason" wait_for 60 "reasons" bash -c \
     "$K8S_KUBECTL get pods -o json | jq -e '[.items[] | select(.metadata.name | startswith(\"many-\")) | select(.spec.nodeName == null) | .status.conditions[]? | select(.type == \"PodScheduled\") | .message] | length == 22 and all(test(\"compute free|Insufficient aliyun.com/gpu\"))'"
 e2e_check "extender metrics count the binds" bash -c \
-    "curl -fsS 127.0.0.1:$EXT_PORT/metrics | grep -E '^gpushare_extender_binds_total\\{result=\"ok\"\\} [1-9]'"
+    "ext_curl metrics | grep -E '^gpushare_extender_binds_total\\{result=\"ok\"\\} [1-9]'"
 
 echo "=== 6. gpushare inspect"
 out=$("$BIN" inspect --kubeconfig "$KUBECONFIG" 2>&1) || true
