@@ -50,8 +50,14 @@ pub async fn serve(
     let ext = Arc::new(
         server::Extender::new(cluster, binder).with_scheduler_names(settings.scheduler_names),
     );
-    tokio::spawn(apiserver::watch_nodes(client.clone(), ext.clone()));
-    tokio::spawn(apiserver::watch_pods(client, ext.clone()));
+    tokio::spawn(supervise("nodes", ext.clone(), |e| &e.synced_nodes, {
+        let (client, ext) = (client.clone(), ext.clone());
+        move || apiserver::watch_nodes(client.clone(), ext.clone())
+    }));
+    tokio::spawn(supervise("pods", ext.clone(), |e| &e.synced_pods, {
+        let (client, ext) = (client.clone(), ext.clone());
+        move || apiserver::watch_pods(client.clone(), ext.clone())
+    }));
     let expiry = ext.clone();
     tokio::spawn(async move {
         loop {
@@ -78,4 +84,91 @@ pub async fn serve(
         shutdown,
     )
     .await
+}
+
+/// Runs a watch for ever: if it ends or panics (bad input must never leave the cache silently
+/// frozen while `/healthz` says ok), the cache is marked unsynced — filter and bind answer
+/// with an error, `/healthz` fails — and the watch starts again, re-listing.
+async fn supervise<F, Fut>(
+    what: &'static str,
+    ext: Arc<server::Extender>,
+    synced: fn(&server::Extender) -> &std::sync::atomic::AtomicBool,
+    watch: F,
+) where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    loop {
+        let outcome = tokio::spawn(watch()).await;
+        match &outcome {
+            Ok(()) => tracing::error!(watch = what, "watch ended; starting it again"),
+            Err(e) => {
+                tracing::error!(watch = what, error = %e, "watch panicked; starting it again")
+            }
+        }
+        synced(&ext).store(false, Ordering::Release);
+        ext.metrics.watch_restarts.fetch_add(1, Ordering::Relaxed);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicU32;
+
+    #[tokio::test]
+    async fn a_watch_that_panics_is_started_again_and_the_cache_is_unsynced_meanwhile() {
+        let cluster = cache::Cluster::new(
+            "gpushare",
+            gpushare_core::request::ResourceNames::default(),
+            Duration::from_secs(60),
+        );
+        struct NoApi;
+        #[async_trait::async_trait]
+        impl server::Binder for NoApi {
+            async fn get_pod(
+                &self,
+                pod: &crate::kubeobjects::PodKey,
+            ) -> Result<k8s_openapi::api::core::v1::Pod, server::ApiError> {
+                Err(server::ApiError::GetPod {
+                    pod: pod.clone(),
+                    source: "no API".into(),
+                })
+            }
+            async fn annotate(
+                &self,
+                _: &crate::kubeobjects::PodKey,
+                _: server::Annotations,
+            ) -> Result<(), server::ApiError> {
+                Ok(())
+            }
+            async fn bind(
+                &self,
+                _: &crate::kubeobjects::PodKey,
+                _: &str,
+                _: &str,
+            ) -> Result<(), server::ApiError> {
+                Ok(())
+            }
+        }
+        let ext = Arc::new(server::Extender::new(cluster, Arc::new(NoApi)));
+        let runs = Arc::new(AtomicU32::new(0));
+        let task = tokio::spawn(supervise("nodes", ext.clone(), |e| &e.synced_nodes, {
+            let (runs, ext) = (runs.clone(), ext.clone());
+            move || {
+                let (runs, ext) = (runs.clone(), ext.clone());
+                async move {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    ext.synced_nodes.store(true, Ordering::Release);
+                    panic!("a node annotation the watch could not take");
+                }
+            }
+        }));
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        task.abort();
+        assert!(runs.load(Ordering::SeqCst) >= 2, "not started again");
+        assert!(ext.metrics.watch_restarts.load(Ordering::Relaxed) >= 1);
+        assert!(!ext.synced_nodes.load(Ordering::Acquire));
+    }
 }
