@@ -2,7 +2,8 @@
 # Checks install/admission-policy.yaml against a real kube-apiserver: bad GPU requests of
 # Pods, Jobs, CronJobs and Deployments/ReplicaSets/StatefulSets/DaemonSets are refused with
 # the policy's message, good ones accepted; gpushare.io/assignment is settable only by the
-# gpushare scheduler; gpushare.io/granted-* never.
+# gpushare scheduler; gpushare.io/granted-* never; a node agent identity changes only its own
+# node's gpushare.io/gpus annotation (standalone mode, which makes that identity).
 #
 # Standalone (default): starts a throwaway etcd + kube-apiserver (no kubelet, no root needed)
 # from target/peers/k8s-$K8S_VERSION/ (override K8S_BIN_DIR) in a temp dir, removed at exit.
@@ -88,11 +89,14 @@ start_cluster() {
         pki_cert "$ROOT" 2 apiserver "/CN=kube-apiserver" serverAuth "DNS:localhost,IP:127.0.0.1" &&
         pki_cert "$ROOT" 2 admin "/O=system:masters/CN=kubernetes-admin" clientAuth &&
         pki_cert "$ROOT" 2 scheduler "/CN=gpushare-scheduler" clientAuth &&
+        pki_cert "$ROOT" 2 agent-a "/O=gpushare:nodes/CN=gpushare-node:node-a" clientAuth &&
         pki_sa_keys "$ROOT"; }; then
         die "could not make the certificates (openssl errors above)"
     fi
     pki_kubeconfig "$ROOT/admin.kubeconfig" "$ROOT" admin kubernetes-admin "https://127.0.0.1:$API_PORT" admission
     pki_kubeconfig "$ROOT/scheduler.kubeconfig" "$ROOT" scheduler gpushare-scheduler "https://127.0.0.1:$API_PORT" admission
+    pki_kubeconfig "$ROOT/agent-a.kubeconfig" "$ROOT" agent-a gpushare-node:node-a "https://127.0.0.1:$API_PORT" admission
+    AGENT=$ROOT/agent-a.kubeconfig
     ADMIN=$ROOT/admin.kubeconfig
     SCHED=$ROOT/scheduler.kubeconfig
 
@@ -304,6 +308,34 @@ refused "Pod with gpushare.io/granted-mem refused" \
 refused "Pod with gpushare.io/granted-core refused for the scheduler too" \
     "annotation gpushare.io/granted-core is a container annotation" \
     sched "$(object Pod granted2 "$(podspec 2 30)" "$(ann gpushare.io/granted-core 30)")"
+
+# ------------------------------------------------------- node agent scope ----
+if [[ -n ${AGENT:-} ]]; then
+    as_agent() { "$KUBECTL" --kubeconfig "$AGENT" "$@"; }
+    as_admin apply -f "$REPO/install/scheduler-rbac.yaml" >/dev/null
+    for n in node-a node-b; do
+        as_admin create -f - >/dev/null <<<"{\"apiVersion\":\"v1\",\"kind\":\"Node\",\"metadata\":{\"name\":\"$n\",\"labels\":{\"ack.node.gpu.schedule\":\"core_mem\"}}}"
+    done
+    GPUS='{"version":1,"gpus":[]}'
+    cmd_accepted "node agent annotating its own node with gpushare.io/gpus allowed" \
+        as_agent annotate --overwrite node node-a "gpushare.io/gpus=$GPUS"
+    cmd_refused "node agent annotating another node refused" \
+        "gpushare node agent gpushare-node:node-a may change its own node only, not node-b" \
+        as_agent annotate --overwrite node node-b "gpushare.io/gpus=$GPUS"
+    cmd_refused "node agent relabelling its own node refused" \
+        "may change only the gpushare.io/gpus annotation of node node-a" \
+        as_agent label --overwrite node node-a ack.node.gpu.schedule=share
+    cmd_refused "node agent tainting its own node refused" \
+        "may change only the gpushare.io/gpus annotation of node node-a" \
+        as_agent taint node node-a gpushare=x:NoSchedule
+    cmd_refused "node agent setting another annotation refused" \
+        "may change only the gpushare.io/gpus annotation of node node-a" \
+        as_agent annotate node node-a other=1
+    cmd_refused "node agent deleting a node refused" "forbidden" \
+        as_agent delete node node-b
+    cmd_accepted "the admin still relabels nodes" \
+        as_admin label --overwrite node node-b ack.node.gpu.schedule=share
+fi
 
 echo "admission: $PASSED passed, $FAILED failed"
 ((FAILED == 0))
