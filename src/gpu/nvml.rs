@@ -58,6 +58,8 @@ pub fn inventory(nvml: &Nvml) -> Result<Vec<GpuInfo>, NvmlError> {
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct ProcessSample {
     pub pid: u32,
+    /// The GPU the sample was taken on.
+    pub gpu: u32,
     /// SM utilization in percent over the driver's sample interval.
     pub sm_util: u32,
 }
@@ -69,20 +71,22 @@ pub fn aggregate(
     memory: &[(u32, u64)],
     container_of: &mut dyn FnMut(u32) -> Option<String>,
 ) -> Sample {
-    let mut per_pid: HashMap<u32, (u64, u64)> = HashMap::new();
+    let mut per_pid: HashMap<(u32, u32), (u64, u64)> = HashMap::new();
     for s in util {
-        let e = per_pid.entry(s.pid).or_default();
+        let e = per_pid.entry((s.pid, s.gpu)).or_default();
         e.0 += s.sm_util as u64;
         e.1 += 1;
     }
     let mut out = Sample::default();
-    for (pid, (sum, n)) in per_pid {
+    for ((pid, gpu), (sum, n)) in per_pid {
         if let Some(c) = container_of(pid) {
-            *out.share.entry(c).or_default() += sum as f64 / n as f64 / 100.0;
+            *out.gpu_share.entry((c, gpu)).or_default() += sum as f64 / n as f64 / 100.0;
         }
     }
-    for v in out.share.values_mut() {
+    for ((c, _), v) in out.gpu_share.iter_mut() {
         *v = v.clamp(0.0, 1.0);
+        let s = out.share.entry(c.clone()).or_default();
+        *s = s.max(*v);
     }
     for &(pid, bytes) in memory {
         if let Some(c) = container_of(pid) {
@@ -131,7 +135,10 @@ impl SampleSource for NvmlSource {
             self.pidmap.invalidate();
             self.known = ids;
         }
-        let gpus: HashSet<u32> = tracked.iter().map(|t| t.gpu).collect();
+        let gpus: HashSet<u32> = tracked
+            .iter()
+            .flat_map(|t| t.gpus.iter().copied())
+            .collect();
         let mut util = vec![];
         let mut memory = vec![];
         for gpu in gpus {
@@ -147,6 +154,7 @@ impl SampleSource for NvmlSource {
                     }
                     util.extend(samples.iter().map(|s| ProcessSample {
                         pid: s.pid,
+                        gpu,
                         sm_util: s.sm_util,
                     }));
                 }
@@ -181,18 +189,22 @@ mod tests {
         let util = [
             ProcessSample {
                 pid: 10,
+                gpu: 0,
                 sm_util: 20,
             },
             ProcessSample {
                 pid: 10,
+                gpu: 0,
                 sm_util: 40,
             },
             ProcessSample {
                 pid: 11,
+                gpu: 0,
                 sm_util: 10,
             },
             ProcessSample {
                 pid: 99,
+                gpu: 0,
                 sm_util: 90,
             },
         ];
@@ -208,6 +220,41 @@ mod tests {
         pids.sort();
         assert_eq!(pids, [10, 11]);
         assert_eq!(s.share.len(), 1, "processes outside containers are ignored");
+    }
+
+    #[test]
+    fn a_container_on_two_gpus_gets_a_share_of_each() {
+        let util = [
+            ProcessSample {
+                pid: 10,
+                gpu: 0,
+                sm_util: 20,
+            },
+            ProcessSample {
+                pid: 10,
+                gpu: 1,
+                sm_util: 60,
+            },
+            ProcessSample {
+                pid: 11,
+                gpu: 1,
+                sm_util: 10,
+            },
+        ];
+        let mut map = |pid: u32| (pid < 20).then(|| "a".to_string());
+        let s = aggregate(&util, &[], &mut map);
+        assert!(
+            (s.gpu_share[&("a".to_string(), 0)] - 0.2).abs() < 1e-9,
+            "{s:?}"
+        );
+        assert!(
+            (s.gpu_share[&("a".to_string(), 1)] - 0.7).abs() < 1e-9,
+            "{s:?}"
+        );
+        assert!(
+            (s.share["a"] - 0.7).abs() < 1e-9,
+            "the larger of the two: {s:?}"
+        );
     }
 
     #[test]

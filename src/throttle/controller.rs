@@ -190,7 +190,8 @@ struct Handle {
     throttled: ContainerCgroup,
     /// What freezes them: the throttled child's cgroup freezer, or signals.
     freezer: Freezer,
-    gpu: u32,
+    /// Every GPU it holds (a member of each one's loop).
+    gpus: Vec<u32>,
     frozen: bool,
     frozen_since: Option<Instant>,
     /// In the guardian list on disk: only then may it be frozen (a frozen cgroup the
@@ -326,7 +327,9 @@ impl Controller {
     /// stopped or removed ones are thawed and dropped.
     fn sync_members(&mut self) {
         let records = self.registry.snapshot();
-        let mut want: HashMap<String, (u32, Option<f64>, String, u32)> = HashMap::new();
+        // id → (every GPU with its compute quota, cgroup path, PID)
+        type Want = (Vec<(u32, Option<f64>)>, String, u32);
+        let mut want: HashMap<String, Want> = HashMap::new();
         let mut stats = self.stats.containers.lock().expect("stats lock");
         {
             // Forget releases of containers the registry no longer has.
@@ -346,8 +349,10 @@ impl Controller {
             want.insert(
                 r.id.clone(),
                 (
-                    g.index,
-                    g.core_percent.map(|c| c as f64 / 100.0),
+                    r.gpus
+                        .iter()
+                        .map(|g| (g.index, g.core_percent.map(|c| c as f64 / 100.0)))
+                        .collect(),
                     r.cgroups_path.clone(),
                     r.pid,
                 ),
@@ -375,10 +380,11 @@ impl Controller {
             changed = true;
             false
         });
-        for (id, (gpu, _, path, pid)) in &want {
+        for (id, (gpus, path, pid)) in &want {
             if self.handles.contains_key(id) {
                 continue;
             }
+            let gpus: Vec<u32> = gpus.iter().map(|(g, _)| *g).collect();
             if let FreezerMode::Signals { proc_root } = &self.mode {
                 let handle = match self.fs.container(path) {
                     Ok(cgroup) if cgroup.exists() => Some(Handle {
@@ -387,7 +393,7 @@ impl Controller {
                         ))),
                         throttled: cgroup.clone(),
                         cgroup,
-                        gpu: *gpu,
+                        gpus: gpus.clone(),
                         frozen: false,
                         frozen_since: None,
                         recorded: false,
@@ -400,7 +406,7 @@ impl Controller {
                         })),
                         throttled: cgroup.clone(),
                         cgroup,
-                        gpu: *gpu,
+                        gpus: gpus.clone(),
                         frozen: false,
                         frozen_since: None,
                         recorded: false,
@@ -432,7 +438,7 @@ impl Controller {
                             cgroup,
                             freezer: Freezer::Cgroup(throttled.clone()),
                             throttled,
-                            gpu: *gpu,
+                            gpus: gpus.clone(),
                             frozen: false,
                             frozen_since: None,
                             recorded: false,
@@ -456,12 +462,15 @@ impl Controller {
         }
         let params = self.params();
         let mut per_gpu: BTreeMap<u32, Vec<Member>> = BTreeMap::new();
-        for (id, (gpu, quota, _, _)) in &want {
+        // A container on several GPUs is a member of each GPU's loop, with that GPU's quota.
+        for (id, (gpus, _, _)) in &want {
             if self.handles.contains_key(id) {
-                per_gpu.entry(*gpu).or_default().push(Member {
-                    id: id.clone(),
-                    quota: *quota,
-                });
+                for (gpu, quota) in gpus {
+                    per_gpu.entry(*gpu).or_default().push(Member {
+                        id: id.clone(),
+                        quota: *quota,
+                    });
+                }
             }
         }
         self.loops.retain(|g, _| per_gpu.contains_key(g));
@@ -594,13 +603,17 @@ impl Controller {
         let n = self.periods;
         self.periods += 1;
         let loops = &self.loops;
-        let idle = |id: &str, gpu: u32| loops.get(&gpu).is_some_and(|lp| lp.is_idle(id));
+        // Idle on every GPU it holds.
+        let idle = |id: &str, gpus: &[u32]| {
+            gpus.iter()
+                .all(|g| loops.get(g).is_some_and(|lp| lp.is_idle(id)))
+        };
         // Busy containers are swept every period (a process started by `exec` is throttled
         // from the next period on); idle ones, which are not frozen, less often. Every
         // container is sampled every period: what an idle one uses is charged to its debt.
         let sweep_all = n.is_multiple_of(SWEEP_EVERY) || self.handles.len() != before;
         for (id, h) in &self.handles {
-            if h.throttled != h.cgroup && (sweep_all || !idle(id, h.gpu)) {
+            if h.throttled != h.cgroup && (sweep_all || !idle(id, &h.gpus)) {
                 sweep(&h.cgroup, &h.throttled);
             }
         }
@@ -609,7 +622,7 @@ impl Controller {
             .iter()
             .map(|(id, h)| Tracked {
                 id,
-                gpu: h.gpu,
+                gpus: &h.gpus,
                 cgroup: &h.cgroup,
                 throttled: &h.throttled,
             })
@@ -625,10 +638,23 @@ impl Controller {
             }
         }
         self.enforce_memory(&sample);
+        // Each GPU's loop gets what its members used of that GPU.
         let plans: Vec<Plan> = self
             .loops
-            .values_mut()
-            .map(|lp| lp.step(&sample.share))
+            .iter_mut()
+            .map(|(gpu, lp)| {
+                let measured: HashMap<String, f64> = lp
+                    .members()
+                    .filter_map(|(id, _)| {
+                        sample
+                            .gpu_share
+                            .get(&(id.to_string(), *gpu))
+                            .or_else(|| sample.share.get(id))
+                            .map(|s| (id.to_string(), *s))
+                    })
+                    .collect();
+                lp.step(&measured)
+            })
             .collect();
         *self.stats.loop_seconds.lock().expect("stats lock") =
             self.clock.now().duration_since(start).as_secs_f64();
@@ -650,9 +676,11 @@ impl Controller {
             // the GPU idle longer than needed.
             let mut freeze = vec![];
             for id in &ids {
+                // Thawed only while every GPU it holds lets it run.
                 let runs = plans
                     .iter()
-                    .any(|p| p.windows.contains_key(id) && p.runs_at(id, t + 1e-9));
+                    .filter(|p| p.windows.contains_key(id))
+                    .all(|p| p.runs_at(id, t + 1e-9));
                 if runs {
                     self.set_frozen(id, false, now);
                 } else {
@@ -950,6 +978,24 @@ mod tests {
                 .insert(id.to_string(), share);
         }
 
+        /// Registers container `id` holding several GPUs (index, quota %), using `share`.
+        fn add_multi(&self, id: &str, rel: &str, gpus: &[(u32, Option<u32>)], share: f64) {
+            self.add(id, rel, gpus[0].0, gpus[0].1, share);
+            let mut rec = self.registry.get(id).unwrap();
+            rec.gpus = gpus
+                .iter()
+                .map(|&(index, core)| AssignedGpu {
+                    index,
+                    uuid: format!("GPU-{index}"),
+                    minor: index,
+                    memory_mib: 1024,
+                    gpu_memory_mib: 15360,
+                    core_percent: core,
+                })
+                .collect();
+            self.registry.upsert(rec);
+        }
+
         /// Runs `n` periods back to back, as [`Controller::run`] does.
         fn periods(&mut self, n: usize) {
             for _ in 0..n {
@@ -1054,6 +1100,22 @@ mod tests {
             assert_eq!(h.child_freezer(A).trim(), thawed);
             assert_eq!(h.stats("a").unwrap().freezes, 0);
         }
+    }
+
+    #[test]
+    fn a_container_on_two_gpus_is_held_to_both_quotas() {
+        let mut h = Harness::new(CgroupVersion::V1, &[A]);
+        h.add_multi("a", A, &[(0, Some(30)), (1, Some(50))], 0.3);
+        h.periods(2);
+        // A member of both GPUs' loops, each with that GPU's quota …
+        for (gpu, q) in [(0, 0.3), (1, 0.5)] {
+            let members: Vec<_> = h.ctl.loops[&gpu].members().collect();
+            assert_eq!(members, [("a", Some(q))], "GPU {gpu}");
+        }
+        // … and thawed only while both let it run: 30 ms of each 100 ms period.
+        let s = h.stats("a").unwrap();
+        assert!((s.throttled_seconds - 0.07).abs() < 1e-6, "{s:?}");
+        assert_eq!(s.memory_limit_bytes, 2048 << 20);
     }
 
     #[test]

@@ -11,7 +11,8 @@ use super::cgroup::ContainerCgroup;
 /// A container the controller tracks.
 pub struct Tracked<'a> {
     pub id: &'a str,
-    pub gpu: u32,
+    /// Every GPU the container holds.
+    pub gpus: &'a [u32],
     /// The container's cgroup (CPU accounting covers its children).
     pub cgroup: &'a ContainerCgroup,
     /// The child the controller freezes, where the workload's processes live.
@@ -30,8 +31,12 @@ impl Tracked<'_> {
 /// One round of samples.
 #[derive(Debug, Default, Clone)]
 pub struct Sample {
-    /// Share of its GPU, in [0, 1], since the previous sample.
+    /// Share of its GPU, in [0, 1], since the previous sample (a container on several
+    /// GPUs: the largest of its per-GPU shares).
     pub share: HashMap<String, f64>,
+    /// Share of each GPU a container holds, where the source tells them apart (NVML); a
+    /// container missing here used `share` of each of its GPUs.
+    pub gpu_share: HashMap<(String, u32), f64>,
     /// GPU memory held, bytes.
     pub memory_bytes: HashMap<String, u64>,
     /// Host PIDs holding GPU memory, per container (the targets of the `kill` action).
