@@ -6,7 +6,7 @@ CARGO ?= cargo
 BIN := target/release/gpushare
 comma := ,
 
-.PHONY: all build demo test unit e2e e2e-k8s lint bench bench-throttle bench-pack bench-extender deps gpu-check
+.PHONY: all build demo test unit e2e e2e-chaos e2e-k8s lint bench bench-throttle bench-pack bench-extender deps gpu-check
 
 all: build
 
@@ -39,6 +39,16 @@ e2e: build
 		bash tests/e2e/deps.sh && bash tests/e2e/run.sh; \
 	fi
 
+# Chaos on containerd 2 (tests/e2e/chaos.sh, ~2 min): the agent SIGKILLed at random points,
+# with its guardian, containerd restarted, 40 concurrent GPU pods beyond capacity, frozen
+# containers stopped. Root only, like e2e.
+e2e-chaos: build
+	@if [[ $$EUID -ne 0 && "$${CI:-}" != "true" ]]; then \
+		echo "SKIP e2e-chaos: needs root (containerd, runc, cgroups); run 'sudo make e2e-chaos'"; \
+	else \
+		bash tests/e2e/deps.sh && bash tests/e2e/chaos.sh; \
+	fi
+
 # The seed walkthrough on a real one-node Kubernetes 1.36.3 cluster (built from Go modules into
 # target/peers; the first build takes ~10 min, later runs reuse it). Root only, like e2e.
 e2e-k8s: build
@@ -48,7 +58,7 @@ e2e-k8s: build
 		bash tests/e2e/deps.sh && bash tests/e2e-k8s/run.sh; \
 	fi
 
-test: unit e2e e2e-k8s
+test: unit e2e e2e-chaos e2e-k8s
 
 lint:
 	$(CARGO) fmt --check

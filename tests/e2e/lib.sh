@@ -30,6 +30,9 @@
 #   e2e_ctr_json NAME ANNOTATIONS_JSON [EXTRA_JSON]
 #   e2e_run_pod_with_container POD_JSON CTR_JSON   prints container id
 #   e2e_last_pod_id                         pod id of the last e2e_run_pod_with_container
+#   e2e_assignment GPU MEMORY_MIB [CORE]    a gpushare.io/assignment (one container "main")
+#   e2e_write_pod NAME ASSIGNMENT MEM CORE [COMMAND [EXTRA_JSON]]   ROOT/NAME.{pod,ctr}.json
+#   E2E_BURN                                busy-loop workload (shell command) for quota tests
 #   e2e_check DESC CMD...   e2e_check_fail DESC CMD...   e2e_require DESC CMD...
 #   e2e_grep_out PATTERN CMD...             CMD's output, printed, matches PATTERN
 #   e2e_summary                             prints "N passed, M failed"
@@ -652,6 +655,40 @@ e2e_quota_window() {
     RATIO30=$(((b1 - b0) * s100 / ((a1 - a0) > 0 ? (a1 - a0) : 1)))
     echo "over 10 s: unconstrained $(((a1 - a0) / 10)) rounds/s on $((s100 / 10)).$((s100 % 10))% of its core; 30 % container $(((b1 - b0) / 10)) rounds/s on $((SHARE30 / 10)).$((SHARE30 % 10))% of its core → $((RATIO30 / 10)).$((RATIO30 % 10))% of the unconstrained rate per full core"
 }
+
+# ------------------------------------------------------ GPU pod configs ----
+# e2e_assignment GPU MEMORY_MIB [CORE]: the scheduler's gpushare.io/assignment annotation for a
+# pod whose container "main" gets MEMORY_MIB (and CORE %) of GPU index GPU.
+e2e_assignment() {
+    local core=${3:+,\"corePercent\":$3}
+    echo "{\"version\":1,\"containers\":{\"main\":[{\"gpuIndex\":$1,\"memoryMiB\":$2$core}]}}"
+}
+
+# e2e_write_pod NAME ASSIGNMENT(or "") GRANT_MEM(or "") GRANT_CORE(or "") [COMMAND [EXTRA_JSON]]:
+#   pod and container configs in E2E_ROOT/NAME.{pod,ctr}.json, as kubelet would send them
+#   after the device plugin's Allocate (container "main", labels gpushare-e2e=NAME and
+#   gpushare-e2e-gpu=true|false). COMMAND (a shell command) replaces the default sleep;
+#   EXTRA_JSON is merged (top level) into the container config.
+e2e_write_pod() {
+    local name=$1 assign=$2 mem=$3 core=$4 cmd=${5:-} pod_ann ctr_ann extra gpu=false
+    [[ -n $assign ]] && gpu=true
+    pod_ann=$(jq -cn --arg a "$assign" 'if $a == "" then {} else {"gpushare.io/assignment": $a} end')
+    ctr_ann=$(jq -cn --arg m "$mem" --arg c "$core" \
+        '(if $m == "" then {} else {"gpushare.io/granted-mem": $m} end) +
+         (if $c == "" then {} else {"gpushare.io/granted-core": $c} end)')
+    e2e_pod_json "$name" "uid-$name" "$pod_ann" >"$E2E_ROOT/$name.pod.json"
+    extra=$(jq -cn --arg n "$name" --arg g "$gpu" --arg c "$cmd" \
+        '{labels: {"gpushare-e2e": $n, "gpushare-e2e-gpu": $g}} +
+         (if $c == "" then {} else {command: ["/bin/sh", "-c", $c]} end)')
+    [[ -n ${6:-} ]] && extra=$(jq -cn --argjson a "$extra" --argjson b "$6" '$a + $b')
+    e2e_ctr_json main "$ctr_ann" "$extra" >"$E2E_ROOT/$name.ctr.json"
+}
+
+# E2E_BURN: the seed's busy-loop workload (with sim GPUs, each GPU is one CPU core); it counts
+# loop rounds in its sim directory, E2E_ROOT/state/sim/<container id>/progress (written with
+# a rename: a reader never sees a file the workload froze half-written).
+# shellcheck disable=SC2016,SC2034 # expanded by the container's shell; used by callers
+E2E_BURN='cd /var/run/gpushare; i=0; while :; do awk "BEGIN{for(j=0;j<20000;j++);}"; i=$((i+1)); echo $i >p.tmp; mv p.tmp progress; done'
 
 # --------------------------------------------------------------- checks ----
 # e2e_check DESC CMD...: run CMD in the current shell (so functions work and

@@ -60,29 +60,6 @@ kill_agent() {
 
 gpu_uuid() { status inventory | jq -r ".inventory.gpus[] | select(.index == $1) | .uuid"; }
 
-assignment() { # GPU MEMORY_MIB [CORE]
-    local core=${3:+,\"corePercent\":$3}
-    echo "{\"version\":1,\"containers\":{\"main\":[{\"gpuIndex\":$1,\"memoryMiB\":$2$core}]}}"
-}
-
-# write_pod NAME ASSIGNMENT(or "") GRANT_MEM(or "") GRANT_CORE(or "") [COMMAND]: pod and
-# container configs in $E2E_ROOT/NAME.{pod,ctr}.json, as kubelet would send them after the
-# device plugin's Allocate. COMMAND (a shell command) replaces the default sleep.
-write_pod() {
-    local name=$1 assign=$2 mem=$3 core=$4 cmd=${5:-} pod_ann ctr_ann extra gpu=false
-    [[ -n $assign ]] && gpu=true
-    pod_ann=$(jq -cn --arg a "$assign" 'if $a == "" then {} else {"gpushare.io/assignment": $a} end')
-    ctr_ann=$(jq -cn --arg m "$mem" --arg c "$core" \
-        '(if $m == "" then {} else {"gpushare.io/granted-mem": $m} end) +
-         (if $c == "" then {} else {"gpushare.io/granted-core": $c} end)')
-    e2e_pod_json "$name" "uid-$name" "$pod_ann" >"$E2E_ROOT/$name.pod.json"
-    extra=$(jq -cn --arg n "$name" --arg g "$gpu" --arg c "$cmd" \
-        '{labels: {"gpushare-e2e": $n, "gpushare-e2e-gpu": $g}} +
-         (if $c == "" then {} else {command: ["/bin/sh", "-c", $c]} end)')
-    [[ -n ${6:-} ]] && extra=$(jq -cn --argjson a "$extra" --argjson b "$6" '$a + $b')
-    e2e_ctr_json main "$ctr_ann" "$extra" >"$E2E_ROOT/$name.ctr.json"
-}
-
 PROBE_MOUNTS=$(e2e_probe_mounts "$REL")
 
 probe_says() { # CID EXPECTED-LINE ARGS...: one output line of `gpu-probe ARGS` is EXPECTED
@@ -101,7 +78,7 @@ read_only_in() { # CID PATH: the container cannot write PATH
 # usage, and the limits cannot be changed from inside.
 limiter_checks() {
     local cid
-    write_pod lim "$(assignment 2 2048 30)" 2 30 "" "$PROBE_MOUNTS"
+    e2e_write_pod lim "$(e2e_assignment 2 2048 30)" 2 30 "" "$PROBE_MOUNTS"
     cid=$(run_pod lim) || { e2e_check "$V: limiter pod starts" false; return; }
     LIM_POD=$(e2e_last_pod_id)
     e2e_check "$V: limiter: /etc/ld.so.preload names the library" probe_says "$cid" \
@@ -207,34 +184,32 @@ check_gpu_pod() { # NAME GPU MEM_MIB CORE  (pod already written)
 }
 
 bad_inputs() {
-    write_pod bad-core33 "$(assignment 1 2048 33)" 2 33
+    e2e_write_pod bad-core33 "$(e2e_assignment 1 2048 33)" 2 33
     e2e_check "$V: core 33 refused" create_refused bad-core33 "aliyun.com/gpu-core.percentage 33 is not a multiple of 5"
-    write_pod bad-core0 "$(assignment 1 2048 0)" 2 ""
+    e2e_write_pod bad-core0 "$(e2e_assignment 1 2048 0)" 2 ""
     e2e_check "$V: core 0 refused" create_refused bad-core0 "corePercent 0 is not in [5, 100]"
-    write_pod bad-core105 "$(assignment 1 2048 105)" 2 ""
+    e2e_write_pod bad-core105 "$(e2e_assignment 1 2048 105)" 2 ""
     e2e_check "$V: core 105 refused" create_refused bad-core105 "corePercent 105 is not in [5, 100]"
-    write_pod bad-gpu7 "$(assignment 7 2048 30)" 2 30
+    e2e_write_pod bad-gpu7 "$(e2e_assignment 7 2048 30)" 2 30
     e2e_check "$V: GPU index 7 refused on a 4-GPU node" create_refused bad-gpu7 "gpuIndex 7 does not exist on this node (4 GPUs: 0-3)"
-    write_pod bad-mem "$(assignment 1 20480 30)" 20 30
+    e2e_write_pod bad-mem "$(e2e_assignment 1 20480 30)" 20 30
     e2e_check "$V: memory larger than the GPU refused" create_refused bad-mem "memoryMiB 20480 exceeds the memory of GPU 1 (15360 MiB)"
-    write_pod bad-json '{"version":1,"containers":' 2 30
+    e2e_write_pod bad-json '{"version":1,"containers":' 2 30
     e2e_check "$V: malformed assignment JSON refused" create_refused bad-json "gpushare.io/assignment is not valid JSON"
-    write_pod bad-missing "" 2 30
+    e2e_write_pod bad-missing "" 2 30
     e2e_check "$V: missing assignment with granted gpu-mem refused" create_refused bad-missing "has no gpushare.io/assignment annotation"
 }
 
-# The seed's step 3: the same busy-loop workload, unconstrained (100 %) on GPU 0 and at 30 %
-# on GPU 1 (each simulated GPU is one CPU core); it counts loop rounds in its sim directory.
-# (Written with a rename: a reader never sees a file the workload froze half-written.)
-BURN='cd /var/run/gpushare; i=0; while :; do awk "BEGIN{for(j=0;j<20000;j++);}"; i=$((i+1)); echo $i >p.tmp; mv p.tmp progress; done'
+# The seed's step 3: the same busy-loop workload (E2E_BURN), unconstrained (100 %) on GPU 0 and
+# at 30 % on GPU 1 (each simulated GPU is one CPU core).
 BURN_PODS=()
 
 progress() { cat "$E2E_ROOT/state/sim/$1/progress"; }
 
 throttle_step3() {
     local c100 c30 a0 b0 a1 b1 ratio
-    write_pod burn100 "$(assignment 0 1024 100)" 1 100 "$BURN"
-    write_pod burn30 "$(assignment 1 1024 30)" 1 30 "$BURN"
+    e2e_write_pod burn100 "$(e2e_assignment 0 1024 100)" 1 100 "$E2E_BURN"
+    e2e_write_pod burn30 "$(e2e_assignment 1 1024 30)" 1 30 "$E2E_BURN"
     c100=$(run_pod burn100) && BURN_PODS+=("$(e2e_last_pod_id)") &&
         c30=$(run_pod burn30) && BURN_PODS+=("$(e2e_last_pod_id)") ||
         { e2e_check "$V: burn pods start" false; return; }
@@ -271,12 +246,12 @@ for V in "${VERSIONS[@]}"; do
     e2e_require "$V: agent registers over $E2E_NRI_SOCK" start_agent
 
     # The image (or the pod) asks nvidia-container-runtime for every GPU; gpushare's grant wins.
-    write_pod gpu1 "$(assignment 1 2048 30)" 2 30 "" "$NVIDIA_ALL_ENV"
+    e2e_write_pod gpu1 "$(e2e_assignment 1 2048 30)" 2 30 "" "$NVIDIA_ALL_ENV"
     check_gpu_pod gpu1 1 2048 30
     e2e_check "$V: gpu1's own NVIDIA_MIG_CONFIG_DEVICES/CUDA_MPS_* are cleared" cleared_env "$(e2e_crictl ps -q --label gpushare-e2e=gpu1 | head -1)" \
         NVIDIA_MIG_CONFIG_DEVICES CUDA_MPS_PIPE_DIRECTORY
 
-    write_pod plain "" "" ""
+    e2e_write_pod plain "" "" ""
     if cid=$(run_pod plain); then
         e2e_check "$V: pod without GPU requests sees no /dev/nvidia*" no_gpu_devices "$cid"
         e2e_check "$V: pod without GPU requests gets no GPU env" no_gpu_env "$cid"
@@ -284,7 +259,7 @@ for V in "${VERSIONS[@]}"; do
         e2e_check "$V: pod without GPU requests created" false
     fi
     # A sidecar without a GPU whose image says NVIDIA_VISIBLE_DEVICES=all (issue 11.3).
-    write_pod sidecar "" "" "" "" "$NVIDIA_ALL_ENV"
+    e2e_write_pod sidecar "" "" "" "" "$NVIDIA_ALL_ENV"
     if cid=$(run_pod sidecar); then
         e2e_check "$V: no-GPU container with NVIDIA_VISIBLE_DEVICES=all gets void" env_is "$cid" NVIDIA_VISIBLE_DEVICES void
         e2e_check "$V: … and its other NVIDIA_*/CUDA_MPS_* variables are cleared" cleared_env "$cid" \
@@ -297,7 +272,7 @@ for V in "${VERSIONS[@]}"; do
     bad_inputs
     limiter_checks
 
-    write_pod gpu2 "$(assignment 3 4096 50)" 4 50
+    e2e_write_pod gpu2 "$(e2e_assignment 3 4096 50)" 4 50
     e2e_check "$V: second GPU pod on GPU 3" run_pod gpu2
     e2e_check "$V: registry matches crictl" registry_matches_crictl
 
@@ -312,7 +287,7 @@ for V in "${VERSIONS[@]}"; do
     e2e_restart_containerd
     e2e_check "$V: agent reconnects after containerd restart" wait_healthy
     e2e_check "$V: agent registered twice (log)" bash -c "(( \$(grep -c 'registered with the runtime' '$E2E_ROOT/agent.log') >= 2 ))"
-    write_pod gpu3 "$(assignment 2 1024 10)" 1 10
+    e2e_write_pod gpu3 "$(e2e_assignment 2 1024 10)" 1 10
     check_gpu_pod gpu3 2 1024 10
     e2e_check "$V: after containerd restart the registry matches crictl" registry_matches_crictl
 
@@ -335,9 +310,9 @@ EOF
     e2e_restart_containerd
     e2e_check "$V: pre-installed plugin launched and registered" wait_healthy
     e2e_check "$V: pre-installed plugin rebuilt the registry" registry_matches_crictl
-    write_pod gpu4 "$(assignment 0 3072 20)" 3 20
+    e2e_write_pod gpu4 "$(e2e_assignment 0 3072 20)" 3 20
     check_gpu_pod gpu4 0 3072 20
-    write_pod bad-pre "$(assignment 1 2048 33)" 2 33
+    e2e_write_pod bad-pre "$(e2e_assignment 1 2048 33)" 2 33
     e2e_check "$V: pre-installed plugin refuses core 33" create_refused bad-pre "33 is not a multiple of 5"
 
     # Fail closed: quotas configured but the controller cannot start (no cgroupfs at its root):
@@ -345,10 +320,10 @@ EOF
     echo "cgroup_root = \"$E2E_ROOT/no-cgroupfs\"" >>"$E2E_NRI_CONF_DIR/10-gpushare.conf"
     e2e_restart_containerd
     e2e_check "$V: pre-installed plugin without a working controller registered" wait_healthy
-    write_pod gpu5 "$(assignment 2 1024 10)" 1 10
+    e2e_write_pod gpu5 "$(e2e_assignment 2 1024 10)" 1 10
     e2e_check "$V: no controller → GPU container refused with the reason" create_refused gpu5 \
         "GPU containers are refused on this node until its quotas can be enforced: the throttling controller cannot start"
-    write_pod plain2 "" "" ""
+    e2e_write_pod plain2 "" "" ""
     e2e_check "$V: no controller → a container without a GPU still runs" run_pod plain2
 
     e2e_stop_containerd
