@@ -97,9 +97,11 @@ pub async fn serve_connection<H: Handler>(
 use futures::StreamExt as _;
 
 /// External plugin: connect to `socket`, serve, and reconnect with backoff (0.2 s doubling
-/// to 5 s) whenever the runtime restarts. Runs until the task is dropped.
+/// to 1 s) whenever the runtime restarts. Runs until the task is dropped. The cap is short:
+/// while the agent is not registered, GPU containers are created unchecked, and a connect
+/// attempt to a local socket costs nothing.
 pub async fn run_external<H: Handler>(socket: &Path, reg: Registration, handler: Arc<H>) {
-    let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(5));
+    let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(1));
     loop {
         match UnixStream::connect(socket).await {
             Ok(stream) => {
