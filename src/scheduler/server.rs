@@ -7,9 +7,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use async_trait::async_trait;
+use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::StatusCode;
-use axum::response::IntoResponse;
+use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use k8s_openapi::api::core::v1::Pod;
@@ -17,6 +18,7 @@ use k8s_openapi::api::core::v1::Pod;
 use super::cache::{Cluster, ReserveError};
 use super::wire::{
     ExtenderArgs, ExtenderBindingArgs, ExtenderBindingResult, ExtenderFilterResult, HostPriority,
+    WireError, decode,
 };
 use crate::kubeobjects::{PodKey, pod_key};
 use crate::metrics::{Kind, PromText};
@@ -67,6 +69,8 @@ pub enum BindRefusal {
     },
     #[error("pod {pod} is already bound to {node}")]
     AlreadyBound { pod: String, node: String },
+    #[error(transparent)]
+    Request(#[from] WireError),
     #[error(transparent)]
     Reserve(#[from] ReserveError),
 }
@@ -269,6 +273,9 @@ impl Extender {
     }
 
     async fn bind_inner(&self, args: &ExtenderBindingArgs) -> Result<(), BindError> {
+        // Names that cannot be Kubernetes names are refused before they reach the API server
+        // or a message.
+        args.check().map_err(BindRefusal::from)?;
         let key = PodKey {
             namespace: args.pod_namespace.clone(),
             name: args.pod_name.clone(),
@@ -349,6 +356,23 @@ impl Extender {
             "bound"
         );
         Ok(())
+    }
+
+    /// `filter` on a raw body: what the HTTP handler answers (a body that cannot be decoded
+    /// is answered with its error).
+    pub fn filter_body(&self, body: &[u8]) -> ExtenderFilterResult {
+        match decode::<ExtenderArgs>("filter", body) {
+            Ok(args) => self.filter(&args),
+            Err(e) => ExtenderFilterResult {
+                error: e.to_string(),
+                ..Default::default()
+            },
+        }
+    }
+
+    /// `prioritize` on a raw body.
+    pub fn prioritize_body(&self, body: &[u8]) -> Result<Vec<HostPriority>, WireError> {
+        decode::<ExtenderArgs>("prioritize", body).map(|args| self.prioritize(&args))
     }
 
     pub fn metrics_text(&self) -> String {
@@ -466,22 +490,30 @@ pub fn router(ext: Arc<Extender>) -> Router {
         .with_state(ext)
 }
 
-async fn filter(State(e): State<Arc<Extender>>, Json(a): Json<ExtenderArgs>) -> impl IntoResponse {
-    Json(e.filter(&a))
+// The bodies are decoded by `wire::decode` rather than axum's `Json`, whose rejection quotes
+// the offending value whole: errors name the field path and stay short.
+
+async fn filter(State(e): State<Arc<Extender>>, body: Bytes) -> impl IntoResponse {
+    Json(e.filter_body(&body))
 }
 
-async fn prioritize(
-    State(e): State<Arc<Extender>>,
-    Json(a): Json<ExtenderArgs>,
-) -> impl IntoResponse {
-    Json(e.prioritize(&a))
+async fn prioritize(State(e): State<Arc<Extender>>, body: Bytes) -> Response {
+    match e.prioritize_body(&body) {
+        Ok(p) => Json(p).into_response(),
+        Err(err) => (StatusCode::BAD_REQUEST, format!("{err}\n")).into_response(),
+    }
 }
 
-async fn bind(
-    State(e): State<Arc<Extender>>,
-    Json(a): Json<ExtenderBindingArgs>,
-) -> impl IntoResponse {
-    Json(e.bind(&a).await)
+async fn bind(State(e): State<Arc<Extender>>, body: Bytes) -> impl IntoResponse {
+    Json(match ExtenderBindingArgs::decode(&body) {
+        Ok(a) => e.bind(&a).await,
+        Err(err) => {
+            e.metrics.binds_failed.fetch_add(1, Ordering::Relaxed);
+            ExtenderBindingResult {
+                error: err.to_string(),
+            }
+        }
+    })
 }
 
 async fn healthz(State(e): State<Arc<Extender>>) -> impl IntoResponse {
