@@ -53,6 +53,8 @@ pub enum PodError {
         without: Echo,
         core_field: String,
     },
+    #[error("the pod has two containers named {name} (container names must be unique)")]
+    DuplicateContainer { name: Echo },
     #[error("the GPU containers of the pod ask for {field} adding up to more than {max}")]
     SumTooLarge { field: String, max: u64 },
     #[error(
@@ -91,7 +93,14 @@ pub fn pod_demand(pod: &Pod, names: &ResourceNames) -> Result<Option<PodDemand>,
     let name = pod_key(pod).to_string();
     let mut shares: Vec<ContainerShare> = Vec::new();
     let containers = pod.spec.iter().flat_map(|s| s.containers.iter());
+    let mut seen = std::collections::HashSet::new();
     for c in containers {
+        // The API server refuses such a pod; an extender request may still carry one.
+        if !seen.insert(c.name.as_str()) {
+            return Err(PodError::DuplicateContainer {
+                name: Echo::new(&c.name),
+            });
+        }
         let err = |source: InvalidRequest| PodError::Container {
             container: Echo::new(&c.name),
             source,
@@ -119,8 +128,9 @@ pub fn pod_demand(pod: &Pod, names: &ResourceNames) -> Result<Option<PodDemand>,
         return Ok(None);
     };
     if shares.len() > 1 {
-        if let Some(multi) = shares.iter().find(|s| s.count > 1) {
-            let other = shares.iter().find(|s| s.name != multi.name).expect("two");
+        if let Some(multi) = shares.iter().find(|s| s.count > 1)
+            && let Some(other) = shares.iter().find(|s| s.name != multi.name)
+        {
             return Err(PodError::SeveralMultiGpu {
                 a: Echo::new(&multi.name),
                 b: Echo::new(&other.name),
@@ -377,6 +387,25 @@ mod tests {
         assert_eq!(
             e,
             "gpushare.io/assignment memoryMiB on GPU 0 adds up to more than 18446744073709551615"
+        );
+    }
+
+    /// Found by fuzzing the extender: two containers of one name, one of them asking for two
+    /// GPUs, panicked in `pod_demand` ("two"); such a pod is now refused, naming the name.
+    #[test]
+    fn duplicate_container_names_are_refused() {
+        let n = ResourceNames::default();
+        let e = pod_demand(
+            &pod(&[
+                ("main", &[(MEM, "8"), (COUNT, "2")]),
+                ("main", &[(MEM, "8"), (COUNT, "2")]),
+            ]),
+            &n,
+        )
+        .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            r#"the pod has two containers named "main" (container names must be unique)"#
         );
     }
 
