@@ -8,6 +8,7 @@ use std::time::Instant;
 
 use async_trait::async_trait;
 use axum::body::Bytes;
+use axum::extract::DefaultBodyLimit;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -18,7 +19,7 @@ use k8s_openapi::api::core::v1::Pod;
 use super::cache::{Cluster, ReserveError};
 use super::wire::{
     ExtenderArgs, ExtenderBindingArgs, ExtenderBindingResult, ExtenderFilterResult, HostPriority,
-    WireError, decode,
+    MAX_BODY, WireError, decode,
 };
 use crate::kubeobjects::{PodKey, pod_key};
 use crate::metrics::{Kind, PromText};
@@ -487,6 +488,7 @@ pub fn router(ext: Arc<Extender>) -> Router {
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
         .route("/allocations", get(allocations))
+        .layer(DefaultBodyLimit::max(MAX_BODY))
         .with_state(ext)
 }
 

@@ -87,6 +87,9 @@ pub enum WireError {
         path: String,
         reason: String,
     },
+    /// Larger than the extender takes (the HTTP server refuses it before decoding, too).
+    #[error("{verb}: the request body is {len} bytes, at most {MAX_BODY} are accepted")]
+    TooLarge { verb: &'static str, len: usize },
     /// A bind argument that cannot name a Kubernetes object.
     #[error("{verb}: {field} {value} {why}")]
     BadArgument {
@@ -111,12 +114,22 @@ const REASON_MAX: usize = 160;
 /// Longest field path kept (map keys in it come from the body).
 const PATH_MAX: usize = 120;
 
+/// Largest request body the extender decodes (axum's default limit, set explicitly on the
+/// router).
+pub const MAX_BODY: usize = 2 << 20;
+
 /// Decodes the body of `verb` (`filter`, `prioritize`, `bind`): JSON syntax errors and schema
 /// errors apart, the schema error naming the field path.
 pub fn decode<T: serde::de::DeserializeOwned>(
     verb: &'static str,
     body: &[u8],
 ) -> Result<T, WireError> {
+    if body.len() > MAX_BODY {
+        return Err(WireError::TooLarge {
+            verb,
+            len: body.len(),
+        });
+    }
     let mut de = serde_json::Deserializer::from_slice(body);
     let value: T = serde_path_to_error::deserialize(&mut de).map_err(|e| {
         let reason = cut_message(&e.inner().to_string(), REASON_MAX);
