@@ -37,6 +37,9 @@ pub const LIMITS_VERSION: u32 = 1;
 /// Most GPUs one container's limits may name (the region has one counter per GPU per slot).
 pub const MAX_GPUS: usize = 16;
 
+/// Largest limits file read (one of [`MAX_GPUS`] GPUs is a few hundred bytes).
+pub const MAX_LIMITS_FILE_BYTES: usize = 64 * 1024;
+
 /// What the agent writes to [`LIMITS_PATH`] for one container.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -94,6 +97,9 @@ impl GpuLimit {
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum LimitsError {
+    /// Far larger than any limits file the agent writes.
+    #[error("limits file is malformed: {0} bytes, at most {MAX_LIMITS_FILE_BYTES} are read")]
+    TooLarge(usize),
     /// Not JSON at all (a syntax error).
     #[error("limits file is malformed: {0}")]
     Malformed(String),
@@ -133,6 +139,9 @@ impl LimitsFile {
     /// Parses and validates the file's text (the one place the format is read). Errors name
     /// the field path (`gpus[0].memory_limit_bytes`) and show values cut.
     pub fn parse(raw: &str) -> Result<LimitsFile, LimitsError> {
+        if raw.len() > MAX_LIMITS_FILE_BYTES {
+            return Err(LimitsError::TooLarge(raw.len()));
+        }
         let tree = json::parse(raw).map_err(|e| LimitsError::Malformed(e.0))?;
         let root = Path::root();
         let top = json::object(&tree, &root, "an object with version and gpus")?;

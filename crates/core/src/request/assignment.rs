@@ -17,8 +17,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::RequestError;
 use super::limits::{MAX_MEMORY_MIB, validate_core_percent};
+use super::{MAX_ANNOTATION_BYTES, RequestError};
 use crate::echo::Echo;
 use crate::json::{self, Json, Path, Problem, SchemaError};
 use crate::placement::model::MAX_GPUS_PER_NODE;
@@ -117,6 +117,9 @@ impl Assignment {
     /// but not the schema: [`RequestError::AssignmentSchema`], naming the field path, the
     /// value (cut) and what was expected. Keys given twice are refused, not overwritten.
     pub fn parse(raw: &str) -> Result<Assignment, RequestError> {
+        if raw.len() > MAX_ANNOTATION_BYTES {
+            return Err(RequestError::AssignmentTooLarge { len: raw.len() });
+        }
         let tree =
             json::parse(raw).map_err(|e| RequestError::MalformedAssignment { reason: e.0 })?;
         Assignment::from_tree(&tree)
@@ -347,6 +350,20 @@ mod tests {
         );
         let e = err(r#"{"version":1,"version":1,"containers":{}}"#);
         assert_eq!(e, "gpushare.io/assignment has the key \"version\" twice");
+    }
+
+    /// An annotation larger than Kubernetes allows is refused before it is parsed.
+    #[test]
+    fn oversized_annotations_are_refused_unparsed() {
+        let pad = " ".repeat(MAX_ANNOTATION_BYTES);
+        let e = err(&format!(r#"{{"version":1,"containers":{{}}}}{pad}"#));
+        assert_eq!(
+            e,
+            "gpushare.io/assignment is 262173 bytes, more than the 262144 bytes Kubernetes allows for all of an object's annotations"
+        );
+        let fits = format!(r#"{{"version":1,"containers":{{}}}}{}"#, &pad[29..]);
+        assert_eq!(fits.len(), MAX_ANNOTATION_BYTES);
+        assert!(Assignment::parse(&fits).is_ok());
     }
 
     /// Hardening item 5: an integer too large is out of range, with the range.

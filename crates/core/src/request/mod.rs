@@ -13,6 +13,11 @@ use std::collections::{BTreeSet, HashMap};
 use serde::Serialize;
 
 pub use assignment::{ASSIGNMENT_ANNOTATION, ASSIGNMENT_VERSION, Assignment, GpuShare};
+
+/// The most bytes all of a Kubernetes object's annotations may take together
+/// (`TotalAnnotationSizeLimitB`): an annotation value longer than this cannot come from the
+/// API server, and is refused before it is parsed.
+pub const MAX_ANNOTATION_BYTES: usize = 256 * 1024;
 pub use limits::{
     GpuQuantities, MAX_MEMORY_MIB, MemoryUnit, ResourceNames, parse_memory_mib,
     validate_core_percent,
@@ -55,6 +60,11 @@ pub enum RequestError {
         core_field: String,
         memory_field: String,
     },
+    /// Larger than Kubernetes lets all of an object's annotations be.
+    #[error(
+        "gpushare.io/assignment is {len} bytes, more than the {MAX_ANNOTATION_BYTES} bytes Kubernetes allows for all of an object's annotations"
+    )]
+    AssignmentTooLarge { len: usize },
     /// Not JSON at all (a syntax error).
     #[error("gpushare.io/assignment is not valid JSON: {reason}")]
     MalformedAssignment { reason: String },
@@ -474,14 +484,17 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert_eq!(e, format!("aliyun.com/gpu-mem {cut} is not an integer"));
+        // Inside an annotation: under the 256 KiB Kubernetes allows.
+        let mid = "a".repeat(200 << 10);
+        let mid_cut = format!("\"{}…\" (204800 bytes)", "a".repeat(64));
         let ann = format!(
-            r#"{{"version":1,"containers":{{"main":[{{"gpuIndex":1,"gpuUuid":"{big}","memoryMiB":2048}}]}}}}"#
+            r#"{{"version":1,"containers":{{"main":[{{"gpuIndex":1,"gpuUuid":"{mid}","memoryMiB":2048}}]}}}}"#
         );
         let e = req(&ann, granted("2", None)).unwrap_err().to_string();
         assert!(e.len() < 200, "{} bytes: {}", e.len(), &e[..200]);
         assert!(
             e.starts_with(&format!(
-                "gpushare.io/assignment gpuUuid {cut} does not match GPU 1"
+                "gpushare.io/assignment gpuUuid {mid_cut} does not match GPU 1"
             )),
             "{e}"
         );
@@ -499,14 +512,14 @@ mod tests {
             format!("gpushare.io/assignment has no entry for container {cut}")
         );
         let ann = format!(
-            r#"{{"version":1,"containers":{{"main":[{{"gpuIndex":"{big}","memoryMiB":2048}}]}}}}"#
+            r#"{{"version":1,"containers":{{"main":[{{"gpuIndex":"{mid}","memoryMiB":2048}}]}}}}"#
         );
         let e = req(&ann, granted("2", None)).unwrap_err().to_string();
         assert!(e.len() < 200, "{} bytes: {}", e.len(), &e[..200]);
-        let ann = format!(r#"{{"version":1,"containers":{{"{big}":[]}}}}"#);
+        let ann = format!(r#"{{"version":1,"containers":{{"{mid}":[]}}}}"#);
         let e = container_request(
             &pod(&ann),
-            &big,
+            &mid,
             &granted("2", None),
             &inv(),
             &RequestRules::default(),

@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 use crate::inventory::Inventory;
 use crate::json::{self, Json, Path, SchemaError};
 use crate::placement::model::MAX_GPUS_PER_NODE;
-use crate::request::MAX_MEMORY_MIB;
+use crate::request::{MAX_ANNOTATION_BYTES, MAX_MEMORY_MIB};
 
 /// Node annotation carrying the GPU inventory.
 pub const NODE_GPUS_ANNOTATION: &str = "gpushare.io/gpus";
@@ -96,6 +96,11 @@ pub struct NodeGpus {
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum NodeGpusError {
+    /// Larger than Kubernetes lets all of an object's annotations be.
+    #[error(
+        "node annotation gpushare.io/gpus is {0} bytes, more than the {MAX_ANNOTATION_BYTES} bytes Kubernetes allows for all of an object's annotations"
+    )]
+    TooLarge(usize),
     /// Not JSON at all (a syntax error).
     #[error("node annotation gpushare.io/gpus is not valid JSON: {0}")]
     Malformed(String),
@@ -144,6 +149,9 @@ impl NodeGpus {
     /// are ignored (a newer agent may publish more); keys given twice and more than
     /// [`MAX_GPUS_PER_NODE`] GPUs are refused.
     pub fn parse(raw: &str) -> Result<Self, NodeGpusError> {
+        if raw.len() > MAX_ANNOTATION_BYTES {
+            return Err(NodeGpusError::TooLarge(raw.len()));
+        }
         let tree = json::parse(raw).map_err(|e| NodeGpusError::Malformed(e.0))?;
         let root = Path::root();
         let top = json::object(&tree, &root, "an object with version and gpus")?;
@@ -269,14 +277,15 @@ mod tests {
             err(r#"{"version":1,"gpus":[{"index":0,"index":1,"memoryMiB":1}]}"#),
             "node annotation gpushare.io/gpus gpus[0] has the key \"index\" twice"
         );
-        let big = "x".repeat(1 << 20);
+        let big = "x".repeat(200 << 10);
         let e = err(&format!(
             r#"{{"version":1,"gpus":[{{"index":0,"memoryMiB":1,"healthy":"{big}"}}]}}"#
         ));
-        assert!(
-            e.len() < 200 && e.contains("(1048576 bytes)"),
-            "{}",
-            &e[..200]
+        assert!(e.len() < 200 && e.contains("(204800 bytes)"), "{e}");
+        let e = err(&format!(r#"{{"version":1,"gpus":[]}}{big}{big}"#));
+        assert_eq!(
+            e,
+            "node annotation gpushare.io/gpus is 409623 bytes, more than the 262144 bytes Kubernetes allows for all of an object's annotations"
         );
         assert!(err("nope").starts_with("node annotation gpushare.io/gpus is not valid JSON: "));
     }
