@@ -107,6 +107,16 @@ pub fn cases() -> u64 {
         .unwrap_or(DEFAULT_CASES)
 }
 
+/// Largest input generated (`GPUSHARE_FUZZ_MAX_INPUT`, bytes): 256 KiB by default, the most a
+/// Kubernetes object's annotations may take, so that the short debug-build run stays quick;
+/// `make fuzz` raises it past the extender's 2 MiB body limit.
+pub fn max_input() -> usize {
+    std::env::var("GPUSHARE_FUZZ_MAX_INPUT")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(256 << 10)
+}
+
 pub fn seed() -> u64 {
     std::env::var("GPUSHARE_FUZZ_SEED")
         .ok()
@@ -383,6 +393,7 @@ pub fn fuzz(target: &mut Target<'_>, cases: u64, seed: u64) -> Report {
         target: target.name,
         ..Default::default()
     };
+    let max = max_input();
     for _ in 0..cases {
         let base = match rng.below(10) {
             0..=3 => rng.pick(&seeds),
@@ -396,7 +407,8 @@ pub fn fuzz(target: &mut Target<'_>, cases: u64, seed: u64) -> Report {
         } else {
             &accepted_pool
         };
-        let input = generate(&mut rng, &base, splice, target.dict, target.json);
+        let mut input = generate(&mut rng, &base, splice, target.dict, target.json);
+        input.truncate(max);
         let (keep, pool) = match exercise(target, &mut report, &input) {
             Err(why) => {
                 keep_failure(target.name, &input, &why, &mut report);
