@@ -522,7 +522,7 @@ fn extender_target<'a>() -> Target<'a> {
             // hash (bind bodies are the seeds with PodName).
             let mut out = Outcome::default();
             let bind_like = input.windows(7).any(|w| w == b"PodName");
-            let verb = if bind_like && fnv(input) % 4 != 0 {
+            let verb = if bind_like && !fnv(input).is_multiple_of(4) {
                 2
             } else {
                 fnv(input) % 3

@@ -880,7 +880,7 @@ mod tests {
         );
         c.set_node(&node("a", 1, "core_mem", "binpack"));
         let big = "n".repeat(1 << 20);
-        let r = c.filter(&pod("p", "2", Some("30")), &[big.clone()]);
+        let r = c.filter(&pod("p", "2", Some("30")), std::slice::from_ref(&big));
         let msg = &r.failed_nodes[&big];
         assert!(
             msg.len() < 150 && msg.contains("(1048576 bytes)"),

@@ -47,6 +47,9 @@ impl Outcome {
     }
 }
 
+/// What a target does with one input.
+pub type RunFn<'a> = Box<dyn FnMut(&[u8]) -> Outcome + 'a>;
+
 /// A fuzz target.
 pub struct Target<'a> {
     pub name: &'static str,
@@ -58,7 +61,7 @@ pub struct Target<'a> {
     pub markers: &'static [&'static str],
     /// Whether inputs are JSON (structure-aware JSON mutations) or binary.
     pub json: bool,
-    pub run: Box<dyn FnMut(&[u8]) -> Outcome + 'a>,
+    pub run: RunFn<'a>,
 }
 
 /// What a run found.
@@ -455,7 +458,7 @@ pub fn generate(
                     }
                 }
                 let mut out = String::new();
-                write_json(rng, &v, &mut out);
+                write_json(&v, &mut out);
                 if rng.one_in(6) {
                     mutate_bytes(rng, out.into_bytes(), pool)
                 } else {
@@ -514,10 +517,12 @@ fn token_soup(rng: &mut Rng, dict: &[&str]) -> Vec<u8> {
     for _ in 0..rng.below(40) {
         if rng.one_in(3) && !dict.is_empty() {
             out.push('"');
-            out.push_str(*rng.pick(dict));
+            let word = rng.pick::<&str>(dict);
+            out.push_str(word);
             out.push('"');
         } else {
-            out.push_str(*rng.pick(TOKENS));
+            let token = rng.pick::<&str>(TOKENS);
+            out.push_str(token);
         }
     }
     out.into_bytes()
@@ -782,7 +787,7 @@ pub fn nudge_value(rng: &mut Rng, v: &mut Value, dict: &[&str], depth: usize) {
 const DUP: &str = "\u{1}DUP\u{1}";
 
 /// Writes `v` as JSON, honouring [`RAW`] literals and [`DUP`] keys.
-pub fn write_json(rng: &mut Rng, v: &Value, out: &mut String) {
+pub fn write_json(v: &Value, out: &mut String) {
     match v {
         Value::String(s) => match s.strip_prefix(RAW) {
             Some(lit) => out.push_str(lit),
@@ -794,7 +799,7 @@ pub fn write_json(rng: &mut Rng, v: &Value, out: &mut String) {
                 if i > 0 {
                     out.push(',');
                 }
-                write_json(rng, item, out);
+                write_json(item, out);
             }
             out.push(']');
         }
@@ -813,7 +818,7 @@ pub fn write_json(rng: &mut Rng, v: &Value, out: &mut String) {
                     first = false;
                     out.push_str(&serde_json::to_string(k).expect("key"));
                     out.push(':');
-                    write_json(rng, val, out);
+                    write_json(val, out);
                 }
             }
             out.push('}');

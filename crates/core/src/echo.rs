@@ -16,17 +16,14 @@ use std::fmt;
 /// Most characters of an echoed value shown (after escaping).
 pub const ECHO_MAX: usize = 64;
 
-/// An outside value as an error message shows it (see the module documentation).
+/// An outside value as an error message shows it (see the module documentation). Holds the
+/// shown prefix only (and the whole length): small enough for error enums.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Echo {
-    /// Escaped for the quoted form (`"` and `\` escaped too).
-    quoted: String,
-    /// Escaped for the bare form (control and non-printable characters only).
-    bare: String,
+    /// The part of the value shown: all of it, or a prefix cut on a character boundary.
+    shown: Box<str>,
     /// Length of the whole value in bytes.
     len: usize,
-    /// Whether [`Echo::quoted`] and [`Echo::bare`] are prefixes of the value.
-    cut: bool,
 }
 
 impl Echo {
@@ -35,22 +32,18 @@ impl Echo {
         Echo::with_limit(raw, ECHO_MAX)
     }
 
-    /// Keeps at most `max` characters of `raw` (after escaping).
+    /// Keeps at most `max` characters of `raw` (after escaping, in either form).
     pub fn with_limit(raw: &str, max: usize) -> Echo {
-        let quoted = escape(raw, max, true);
-        let bare = escape(raw, max, false);
-        let cut = quoted.1 < raw.len() || bare.1 < raw.len();
+        let cut = fits(raw, max, true).min(fits(raw, max, false));
         Echo {
-            quoted: quoted.0,
-            bare: bare.0,
+            shown: raw[..cut].into(),
             len: raw.len(),
-            cut,
         }
     }
 
     /// Whether the message shows only a prefix of the value.
     pub fn is_cut(&self) -> bool {
-        self.cut
+        self.shown.len() < self.len
     }
 
     /// Length of the whole value in bytes.
@@ -77,13 +70,19 @@ impl From<&String> for Echo {
 
 impl fmt::Display for Echo {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let ellipsis = if self.cut { "…" } else { "" };
-        if f.alternate() {
-            write!(f, "{}{ellipsis}", self.bare)?;
-        } else {
-            write!(f, "\"{}{ellipsis}\"", self.quoted)?;
+        let quoted = !f.alternate();
+        let ellipsis = if self.is_cut() { "…" } else { "" };
+        if quoted {
+            f.write_str("\"")?;
         }
-        if self.cut {
+        for c in self.shown.chars() {
+            write_escaped(f, c, quoted)?;
+        }
+        f.write_str(ellipsis)?;
+        if quoted {
+            f.write_str("\"")?;
+        }
+        if self.is_cut() {
             write!(f, " ({} bytes)", self.len)?;
         }
         Ok(())
@@ -96,29 +95,36 @@ pub fn cut_message(msg: &str, max: usize) -> String {
     format!("{:#}", Echo::with_limit(msg, max))
 }
 
-/// `raw` escaped, at most `max` characters of output; and how many bytes of `raw` that shows.
-fn escape(raw: &str, max: usize, quoted: bool) -> (String, usize) {
-    let mut out = String::new();
+/// Whether a character is shown as is: `'` always, `"` and `\\` in the bare form; others are
+/// escaped like `{:?}` escapes them (control and non-printable characters, and in the quoted
+/// form `"` and `\\`).
+fn plain(c: char, quoted: bool) -> bool {
+    c == '\'' || (!quoted && (c == '"' || c == '\\'))
+}
+
+fn write_escaped(f: &mut fmt::Formatter<'_>, c: char, quoted: bool) -> fmt::Result {
+    if plain(c, quoted) {
+        write!(f, "{c}")
+    } else {
+        write!(f, "{}", c.escape_debug())
+    }
+}
+
+/// How many bytes of `raw` fit in `max` characters once escaped.
+fn fits(raw: &str, max: usize, quoted: bool) -> usize {
     let mut chars = 0;
     for (at, c) in raw.char_indices() {
-        let piece: String = if quoted {
-            match c {
-                '\'' => "'".into(),
-                _ => c.escape_debug().collect(),
-            }
-        } else if c == '\\' || c == '"' || c == '\'' {
-            c.to_string()
+        let n = if plain(c, quoted) {
+            1
         } else {
-            c.escape_debug().collect()
+            c.escape_debug().count()
         };
-        let n = piece.chars().count();
         if chars + n > max {
-            return (out, at);
+            return at;
         }
         chars += n;
-        out.push_str(&piece);
     }
-    (out, raw.len())
+    raw.len()
 }
 
 #[cfg(test)]
