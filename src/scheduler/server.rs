@@ -317,13 +317,13 @@ impl Extender {
             Some(reserved.assignment.to_json()),
         );
         let first = reserved.allocation.gpus.first().copied().unwrap_or(0);
+        // Saturating: each share is bounded by its GPU, but the sum must never wrap.
         let pod_mem: u64 = reserved
             .assignment
             .containers
             .values()
             .flatten()
-            .map(|s| s.memory_mib)
-            .sum();
+            .fold(0, |acc: u64, s| acc.saturating_add(s.memory_mib));
         ann.insert(ACK_GPU_MEM_IDX.into(), Some(first.to_string()));
         ann.insert(ACK_GPU_MEM_POD.into(), Some((pod_mem / unit).to_string()));
         ann.insert(ACK_GPU_MEM_ASSIGNED.into(), Some("false".into()));
