@@ -42,8 +42,8 @@ use gpushare_core::request::limits::{
 };
 use gpushare_core::request::node::{NODE_GPUS_ANNOTATION, NodeGpus};
 use gpushare_core::request::{
-    ASSIGNMENT_ANNOTATION, Assignment, MAX_MEMORY_MIB, MemoryUnit, RequestRules, ResourceNames,
-    container_request, parse_memory_mib,
+    ASSIGNMENT_ANNOTATION, Assignment, MAX_ANNOTATION_BYTES, MAX_MEMORY_MIB, MemoryUnit,
+    RequestRules, ResourceNames, container_request, parse_memory_mib,
 };
 use gpushare_core::rfc3339::check as rfc3339_check;
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -192,14 +192,21 @@ fn grant_seeds() -> Vec<Vec<u8>> {
 }
 
 /// The grant target's input: an object of annotation values (a non-string value is used as its
-/// JSON text), or anything else as the memory value itself.
+/// JSON text), or anything else as the memory value itself. (Only a small input starting with
+/// `{` is decoded as the object: the harness's own JSON decoding is not what is measured.)
 fn grant_values(input: &[u8]) -> (Option<String>, Option<String>, Option<String>, MemoryUnit) {
     let as_text = |v: &serde_json::Value| match v {
         serde_json::Value::String(s) => s.clone(),
         other => other.to_string(),
     };
-    match serde_json::from_slice::<serde_json::Value>(input) {
-        Ok(serde_json::Value::Object(m)) => (
+    let object = input.first() == Some(&b'{') && input.len() <= MAX_ANNOTATION_BYTES;
+    let parsed = if object {
+        serde_json::from_slice::<serde_json::Value>(input).ok()
+    } else {
+        None
+    };
+    match parsed {
+        Some(serde_json::Value::Object(m)) => (
             m.get("mem").map(as_text),
             m.get("core").map(as_text),
             m.get("count").map(as_text),
