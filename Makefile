@@ -48,7 +48,7 @@ fuzz:
 	GPUSHARE_FUZZ_CASES=$(FUZZ_CASES) GPUSHARE_FUZZ_SEED=$$seed GPUSHARE_FUZZ_MAX_INPUT=$$((3 << 20)) \
 		$(CARGO) test --locked --profile fuzz --test fuzz -- --nocapture --test-threads=$(FUZZ_THREADS) \
 		> $(TARGET_DIR)/fuzz.log 2>&1; rc=$$?; \
-	grep -o 'target [a-z_]*: .*' $(TARGET_DIR)/fuzz.log; \
+	grep -o 'target [a-z_]*: [0-9]* inputs.*' $(TARGET_DIR)/fuzz.log; \
 	if ((rc != 0)); then tail -40 $(TARGET_DIR)/fuzz.log; fi; exit $$rc
 
 # The e2e suite needs root (containerd, runc, mknod). In CI (CI=true) it always runs and

@@ -52,10 +52,14 @@ use serde_json::json;
 fn run_target(mut target: Target<'_>) -> Report {
     let report = fuzz(&mut target, cases(), seed());
     println!("{}", report.summary());
+    // (The summary line is printed above; the message must not repeat it: `make fuzz` greps.)
     assert!(
         report.clean(),
-        "{}\n  {}",
-        report.summary(),
+        "fuzz target {} failed: {} panics, {} hangs, {} bad messages\n  {}",
+        report.target,
+        report.panics,
+        report.hangs,
+        report.bad_messages,
         report.failures.join("\n  ")
     );
     report
