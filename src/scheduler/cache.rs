@@ -22,7 +22,9 @@ use gpushare_core::placement::{
 };
 use gpushare_core::placement::{Workload, model::ScheduleMode};
 use gpushare_core::request::node::{NODE_GPUS_ANNOTATION, NodeGpusError};
-use gpushare_core::request::{ASSIGNMENT_ANNOTATION, Assignment, ResourceNames};
+use gpushare_core::request::{
+    ASSIGNMENT_ANNOTATION, Assignment, MAX_ANNOTATION_BYTES, ResourceNames,
+};
 
 /// What is allocated on one GPU. Serialized as the array
 /// `[memory allocated MiB, memory MiB, core allocated per-mille, pods]` (`/allocations`).
@@ -104,6 +106,10 @@ pub enum ReserveError {
     Node(#[from] NodeError),
     #[error("{0}")]
     Unfit(Reject),
+    #[error(
+        "pod {pod:#}: its {ASSIGNMENT_ANNOTATION} would be {len} bytes, more than the {MAX_ANNOTATION_BYTES} bytes an annotation may take"
+    )]
+    AssignmentTooLarge { pod: Echo, len: usize },
 }
 
 pub struct Cluster {
@@ -540,11 +546,6 @@ impl Cluster {
             .engine
             .evaluate(id, &demand.request)
             .map_err(ReserveError::Unfit)?;
-        let p = Placement {
-            node: id,
-            gpus: choice.gpus,
-        };
-        self.engine.commit(&demand.request, p);
         let uuids = self.uuids.get(node).cloned().unwrap_or_default();
         let gpus: Vec<(u32, String)> = choice
             .gpus
@@ -558,6 +559,21 @@ impl Cluster {
                 (i as u32, uuid)
             })
             .collect();
+        // What bind writes must be what the node can read: no larger than an annotation may
+        // be (a pod from a request body may have container names no API server admits).
+        let assignment = demand.assignment(&gpus, timestamp);
+        let len = assignment.to_json().len();
+        if len > MAX_ANNOTATION_BYTES {
+            return Err(ReserveError::AssignmentTooLarge {
+                pod: Echo::new(&pod_key(pod).to_string()),
+                len,
+            });
+        }
+        let p = Placement {
+            node: id,
+            gpus: choice.gpus,
+        };
+        self.engine.commit(&demand.request, p);
         let allocation = Allocation {
             pod: pod_key(pod).to_string(),
             node: node.to_string(),
@@ -572,7 +588,7 @@ impl Cluster {
             self.recent.drain(..2048);
         }
         Ok(Reserved {
-            assignment: demand.assignment(&gpus, timestamp),
+            assignment,
             allocation,
         })
     }
@@ -868,6 +884,29 @@ mod tests {
             r.failed_and_unresolvable_nodes["big"],
             "node big: node annotation gpushare.io/gpus lists 65 GPUs, at most 64 are supported"
         );
+    }
+
+    /// Found by fuzzing the extender: a pod (from a request body) whose container names are
+    /// 64 KiB each got an assignment the node refuses as too large; reserve now refuses it
+    /// and holds nothing.
+    #[test]
+    fn an_assignment_the_node_cannot_read_is_not_reserved() {
+        let mut c = Cluster::new(
+            "gpushare",
+            ResourceNames::default(),
+            Duration::from_secs(60),
+        );
+        c.set_node(&node("a", 1, "core_mem", "binpack"));
+        let mut p = pod("p", "2", Some("30"));
+        let spec = p.spec.as_mut().unwrap();
+        spec.containers[0].name = "\0".repeat(64 << 10);
+        let e = c.reserve(&p, "a", TS.into()).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "pod default/p: its gpushare.io/assignment would be 393353 bytes, more than the 262144 bytes an annotation may take"
+        );
+        assert_eq!(c.usage()[0].1[0].memory_allocated_mib, 0);
+        assert_eq!(c.allocations().count(), 0);
     }
 
     /// Hardening item 1: node names from a filter request are shown cut.
