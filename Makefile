@@ -6,7 +6,7 @@ CARGO ?= cargo
 BIN := target/release/gpushare
 comma := ,
 
-.PHONY: all build demo test unit e2e e2e-chaos e2e-k8s lint bench bench-throttle bench-pack bench-extender deps gpu-check
+.PHONY: all build demo test unit fuzz e2e e2e-chaos e2e-k8s lint bench bench-throttle bench-pack bench-extender deps gpu-check
 
 all: build
 
@@ -27,8 +27,29 @@ deps:
 demo: deps build
 	bash tests/e2e/demo.sh
 
+# Includes the short fuzz run (tests/fuzz.rs: a few thousand inputs per target) and the replay
+# of tests/fuzz-corpus/.
 unit:
 	$(CARGO) test --workspace --locked
+
+# Fuzzing every parser of outside input (tests/fuzz.rs: the assignment and node annotations, the
+# grant and limits, the limits file, the extender's bodies, the NRI frame decoder) with
+# FUZZ_CASES generated inputs per target, on a new seed each run (GPUSHARE_FUZZ_SEED=N repeats
+# one), inputs up to 3 MiB (past the extender's 2 MiB body limit). Cargo profile `fuzz`:
+# optimized like release (the 100 ms-per-input bound is about what ships) with overflow checks
+# and debug assertions on; its first build takes a while. One line per target; a failing input
+# is kept in tests/fuzz-corpus/<target>/ and replayed by `make unit` from then on.
+# Log: $(TARGET_DIR)/fuzz.log.
+FUZZ_CASES ?= 1000000
+FUZZ_THREADS ?= 2
+fuzz:
+	@mkdir -p $(TARGET_DIR); set -o pipefail; seed=$${GPUSHARE_FUZZ_SEED:-$$(date +%s)}; \
+	echo "fuzz: $(FUZZ_CASES) inputs per target, seed $$seed"; \
+	GPUSHARE_FUZZ_CASES=$(FUZZ_CASES) GPUSHARE_FUZZ_SEED=$$seed GPUSHARE_FUZZ_MAX_INPUT=$$((3 << 20)) \
+		$(CARGO) test --locked --profile fuzz --test fuzz -- --nocapture --test-threads=$(FUZZ_THREADS) \
+		> $(TARGET_DIR)/fuzz.log 2>&1; rc=$$?; \
+	grep -o 'target [a-z_]*: [0-9]* inputs.*' $(TARGET_DIR)/fuzz.log; \
+	if ((rc != 0)); then tail -40 $(TARGET_DIR)/fuzz.log; fi; exit $$rc
 
 # The e2e suite needs root (containerd, runc, mknod). In CI (CI=true) it always runs and
 # fails if it cannot; elsewhere a non-root run skips it and says why.

@@ -96,9 +96,11 @@ impl Registry {
             if r.id == except || r.state == ContainerState::Stopped {
                 continue;
             }
+            // Saturating: records come from validated requests, but a sum must never wrap
+            // into room that is not there.
             for g in r.gpus.iter().filter(|g| g.index == index) {
-                c.memory_mib += g.memory_mib;
-                c.core_percent += g.core_percent.unwrap_or(0);
+                c.memory_mib = c.memory_mib.saturating_add(g.memory_mib);
+                c.core_percent = c.core_percent.saturating_add(g.core_percent.unwrap_or(0));
                 c.containers += 1;
             }
         }
@@ -139,6 +141,19 @@ mod tests {
 
     #[test]
     fn committed_sums_live_containers_on_one_gpu() {
+        // Hardening item 7: sums saturate instead of wrapping (or panicking).
+        let big = Registry::new();
+        big.upsert(rec(
+            "x",
+            0,
+            u64::MAX,
+            Some(u32::MAX),
+            ContainerState::Running,
+        ));
+        big.upsert(rec("y", 0, 2, Some(2), ContainerState::Running));
+        let c = big.committed(0, "");
+        assert_eq!((c.memory_mib, c.core_percent), (u64::MAX, u32::MAX));
+
         let r = Registry::new();
         r.upsert(rec("a", 1, 2048, Some(30), ContainerState::Running));
         r.upsert(rec("b", 1, 1024, None, ContainerState::Created));

@@ -8,6 +8,7 @@
 use std::collections::HashSet;
 
 use super::api;
+use gpushare_core::echo::Echo;
 use gpushare_core::inventory::Inventory;
 use gpushare_core::request::ResourceNames;
 use gpushare_core::request::limits::{
@@ -88,11 +89,11 @@ impl std::fmt::Display for ResourceKind {
 /// Why `Allocate` is refused (kubelet then fails the pod's admission with this message).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum AllocateError {
-    #[error("{resource}: container request {container} lists unknown device ID {id:?}")]
+    #[error("{resource}: container request {container} lists unknown device ID {id}")]
     UnknownDevice {
         resource: String,
         container: usize,
-        id: String,
+        id: Echo,
     },
     #[error("{resource}: container request {container} lists no device")]
     NoDevices { resource: String, container: usize },
@@ -187,7 +188,7 @@ impl ResourceSpec {
                 return Err(AllocateError::UnknownDevice {
                     resource: self.resource_name.clone(),
                     container: i,
-                    id: id.clone(),
+                    id: Echo::new(id),
                 });
             }
             let units = c.devices_ids.iter().collect::<HashSet<_>>().len();

@@ -20,9 +20,10 @@ use kube::api::{Api, ListParams};
 use serde::Serialize;
 
 use crate::kubeobjects::{self, PodKey};
-use gpushare_core::placement::model::{PLACEMENT_LABEL, SCHEDULE_LABEL};
+use gpushare_core::echo::Echo;
+use gpushare_core::placement::model::{MAX_GPUS_PER_NODE, PLACEMENT_LABEL, SCHEDULE_LABEL};
 use gpushare_core::request::ASSIGNMENT_ANNOTATION;
-use gpushare_core::request::limits::ResourceNames;
+use gpushare_core::request::limits::{GpuQuantities, ResourceNames};
 use gpushare_core::request::node::NODE_GPUS_ANNOTATION;
 
 /// Where a node's GPU list came from.
@@ -150,17 +151,21 @@ fn node_address(node: &Node) -> String {
 
 /// An allocatable GPU resource that is not a whole number (a warning, not counted).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("allocatable {resource} {value:?} is not an integer")]
+#[error("allocatable {resource} {value} is not an integer in [0, {max}]")]
 struct NotAnInteger {
     resource: String,
-    value: String,
+    value: Echo,
+    max: u64,
 }
 
-fn allocatable_int(node: &Node, resource: &str) -> Option<Result<u64, NotAnInteger>> {
+/// An allocatable GPU resource: a whole number in `[0, max]` (no whitespace around it).
+fn allocatable_int(node: &Node, resource: &str, max: u64) -> Option<Result<u64, NotAnInteger>> {
     let q = node.status.as_ref()?.allocatable.as_ref()?.get(resource)?;
-    Some(q.0.trim().parse::<u64>().map_err(|_| NotAnInteger {
+    let v = q.0.parse::<u64>().ok().filter(|v| *v <= max);
+    Some(v.ok_or_else(|| NotAnInteger {
         resource: resource.to_string(),
-        value: q.0.clone(),
+        value: Echo::new(&q.0),
+        max,
     }))
 }
 
@@ -196,7 +201,8 @@ fn node_gpus(
             Err(e) => warnings.push(e.to_string()),
         }
     }
-    let memory_units = match allocatable_int(node, &names.memory)? {
+    let max_units = GpuQuantities::max_memory_units(names.memory_unit);
+    let memory_units = match allocatable_int(node, &names.memory, max_units)? {
         Ok(0) => return None,
         Ok(v) => v,
         Err(e) => {
@@ -204,7 +210,8 @@ fn node_gpus(
             return None;
         }
     };
-    let count = match allocatable_int(node, &names.count) {
+    // At most as many GPUs as a node may have: the view makes one entry per GPU.
+    let count = match allocatable_int(node, &names.count, MAX_GPUS_PER_NODE as u64) {
         Some(Ok(c)) if c > 0 => c,
         Some(Err(e)) => {
             warnings.push(e.to_string());
@@ -212,7 +219,8 @@ fn node_gpus(
         }
         _ => 1,
     };
-    let per_gpu = memory_units * names.memory_unit.mib() / count;
+    // Exact: memory_units ≤ MAX_MEMORY_MIB / unit.
+    let per_gpu = memory_units.saturating_mul(names.memory_unit.mib()) / count;
     let gpus = (0..count as u32)
         .map(|i| gpu(i, String::new(), String::new(), true, per_gpu))
         .collect();

@@ -548,7 +548,11 @@ impl Node {
         for g in &req.gpus {
             let gpu = state.inventory.get(g.index).expect("validated index");
             let c = self.registry.committed(g.index, &ctr.id);
-            if c.memory_mib + g.memory_mib > gpu.memory_mib {
+            // Checked: a sum that does not fit is over-committed too.
+            if c.memory_mib
+                .checked_add(g.memory_mib)
+                .is_none_or(|total| total > gpu.memory_mib)
+            {
                 return Err(DecideError::MemoryOverCommit {
                     index: g.index,
                     held_mib: c.memory_mib,
@@ -558,7 +562,9 @@ impl Node {
                 });
             }
             if let Some(core) = g.core_percent
-                && c.core_percent + core > 100
+                && c.core_percent
+                    .checked_add(core)
+                    .is_none_or(|total| total > 100)
             {
                 return Err(DecideError::CoreOverCommit {
                     index: g.index,

@@ -15,13 +15,16 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use super::podreq::{InvalidPod, PodDemand, demand_of_assignment, pod_demand};
 use super::wire::{ExtenderFilterResult, HostPriority, MAX_SCORE};
 use crate::kubeobjects::{self, pod_key};
-use gpushare_core::placement::model::LabelError;
+use gpushare_core::echo::Echo;
+use gpushare_core::placement::model::{LabelError, TooManyGpus};
 use gpushare_core::placement::{
     Engine, GpuDemand, GpuSet, GpuSpec, NodeSpec, Placement, Reject, Request, Why, by_name,
 };
 use gpushare_core::placement::{Workload, model::ScheduleMode};
 use gpushare_core::request::node::{NODE_GPUS_ANNOTATION, NodeGpusError};
-use gpushare_core::request::{ASSIGNMENT_ANNOTATION, Assignment, ResourceNames};
+use gpushare_core::request::{
+    ASSIGNMENT_ANNOTATION, Assignment, MAX_ANNOTATION_BYTES, ResourceNames,
+};
 
 /// What is allocated on one GPU. Serialized as the array
 /// `[memory allocated MiB, memory MiB, core allocated per-mille, pods]` (`/allocations`).
@@ -68,25 +71,27 @@ pub struct Reserved {
 }
 
 /// Why gpushare cannot place on a node (each one a refusal: the node is not, or not yet, fit for
-/// gpushare).
+/// gpushare). Node names are shown cut ([`Echo`]): a bind request may name anything.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum NodeError {
-    #[error("node {node} has no GPUs published by gpushare (annotation {NODE_GPUS_ANNOTATION})")]
-    NoGpus { node: String },
-    #[error("node {node}: {source}")]
-    Gpus { node: String, source: NodeGpusError },
+    #[error("node {node:#} has no GPUs published by gpushare (annotation {NODE_GPUS_ANNOTATION})")]
+    NoGpus { node: Echo },
+    #[error("node {node:#}: {source}")]
+    Gpus { node: Echo, source: NodeGpusError },
     #[error(
-        "node {node}: annotation {NODE_GPUS_ANNOTATION} lists GPU index {found} where {expected} was expected (indexes must be 0..n)"
+        "node {node:#}: annotation {NODE_GPUS_ANNOTATION} lists GPU index {found} where {expected} was expected (indexes must be 0..n)"
     )]
     Index {
-        node: String,
+        node: Echo,
         found: u32,
         expected: usize,
     },
-    #[error("node {node}: {source}")]
-    Labels { node: String, source: LabelError },
-    #[error("node {node} is not known to gpushare")]
-    Unknown { node: String },
+    #[error("node {node:#}: {source}")]
+    Labels { node: Echo, source: LabelError },
+    #[error(transparent)]
+    TooManyGpus(#[from] TooManyGpus),
+    #[error("node {node:#} is not known to gpushare")]
+    Unknown { node: Echo },
 }
 
 /// Why `reserve` holds nothing: every variant is a refusal (the pod does not fit the node, or
@@ -95,12 +100,16 @@ pub enum NodeError {
 pub enum ReserveError {
     #[error(transparent)]
     Invalid(#[from] InvalidPod),
-    #[error("pod {pod} asks for no GPU resource")]
-    NoGpu { pod: String },
+    #[error("pod {pod:#} asks for no GPU resource")]
+    NoGpu { pod: Echo },
     #[error(transparent)]
     Node(#[from] NodeError),
     #[error("{0}")]
     Unfit(Reject),
+    #[error(
+        "pod {pod:#}: its {ASSIGNMENT_ANNOTATION} would be {len} bytes, more than the {MAX_ANNOTATION_BYTES} bytes an annotation may take"
+    )]
+    AssignmentTooLarge { pod: Echo, len: usize },
 }
 
 pub struct Cluster {
@@ -135,16 +144,17 @@ fn engine_for(
 /// A node's spec for the engine, from its labels and GPU annotation.
 pub fn node_spec(node: &Node) -> Result<(NodeSpec, Vec<(u32, String)>), NodeError> {
     let name = node.metadata.name.clone().unwrap_or_default();
+    let echo = Echo::new(&name);
     let gpus = match kubeobjects::node_gpus(node) {
-        None => return Err(NodeError::NoGpus { node: name }),
-        Some(Err(source)) => return Err(NodeError::Gpus { node: name, source }),
+        None => return Err(NodeError::NoGpus { node: echo }),
+        Some(Err(source)) => return Err(NodeError::Gpus { node: echo, source }),
         Some(Ok(g)) => g,
     };
     // The engine numbers GPUs 0..n; the annotation's indexes must be that.
     for (i, g) in gpus.gpus.iter().enumerate() {
         if g.index as usize != i {
             return Err(NodeError::Index {
-                node: name,
+                node: echo,
                 found: g.index,
                 expected: i,
             });
@@ -167,7 +177,9 @@ pub fn node_spec(node: &Node) -> Result<(NodeSpec, Vec<(u32, String)>), NodeErro
         placement: None,
     }
     .with_labels(&kubeobjects::node_labels(node))
-    .map_err(|source| NodeError::Labels { node: name, source })?;
+    .map_err(|source| NodeError::Labels { node: echo, source })?;
+    // The annotation's parser already bounds the GPUs; the engine must never see more.
+    spec.check_gpus()?;
     let uuids = gpus
         .gpus
         .iter()
@@ -405,7 +417,7 @@ impl Cluster {
 
     fn demand(&self, pod: &Pod) -> Result<Option<PodDemand>, InvalidPod> {
         pod_demand(pod, &self.names).map_err(|source| InvalidPod {
-            pod: pod_key(pod).to_string(),
+            pod: Echo::new(&pod_key(pod).to_string()),
             source: Box::new(source),
         })
     }
@@ -460,7 +472,10 @@ impl Cluster {
         }
         match self.nodes.get(n) {
             Some(Err(e)) => Err((e.to_string(), true)),
-            _ => Err((format!("node {n} is not known to gpushare yet"), false)),
+            _ => Err((
+                format!("node {:#} is not known to gpushare yet", Echo::new(n)),
+                false,
+            )),
         }
     }
 
@@ -512,7 +527,7 @@ impl Cluster {
         let uid = pod.metadata.uid.clone().unwrap_or_default();
         let Some(demand) = self.demand(pod)? else {
             return Err(ReserveError::NoGpu {
-                pod: pod_key(pod).to_string(),
+                pod: Echo::new(&pod_key(pod).to_string()),
             });
         };
         // A retried bind: give back what an earlier attempt held.
@@ -522,7 +537,7 @@ impl Cluster {
             return Err(match self.nodes.get(node) {
                 Some(Err(e)) => e.clone(),
                 _ => NodeError::Unknown {
-                    node: node.to_string(),
+                    node: Echo::new(node),
                 },
             }
             .into());
@@ -531,11 +546,6 @@ impl Cluster {
             .engine
             .evaluate(id, &demand.request)
             .map_err(ReserveError::Unfit)?;
-        let p = Placement {
-            node: id,
-            gpus: choice.gpus,
-        };
-        self.engine.commit(&demand.request, p);
         let uuids = self.uuids.get(node).cloned().unwrap_or_default();
         let gpus: Vec<(u32, String)> = choice
             .gpus
@@ -549,6 +559,21 @@ impl Cluster {
                 (i as u32, uuid)
             })
             .collect();
+        // What bind writes must be what the node can read: no larger than an annotation may
+        // be (a pod from a request body may have container names no API server admits).
+        let assignment = demand.assignment(&gpus, timestamp);
+        let len = assignment.to_json().len();
+        if len > MAX_ANNOTATION_BYTES {
+            return Err(ReserveError::AssignmentTooLarge {
+                pod: Echo::new(&pod_key(pod).to_string()),
+                len,
+            });
+        }
+        let p = Placement {
+            node: id,
+            gpus: choice.gpus,
+        };
+        self.engine.commit(&demand.request, p);
         let allocation = Allocation {
             pod: pod_key(pod).to_string(),
             node: node.to_string(),
@@ -563,7 +588,7 @@ impl Cluster {
             self.recent.drain(..2048);
         }
         Ok(Reserved {
-            assignment: demand.assignment(&gpus, timestamp),
+            assignment,
             allocation,
         })
     }
@@ -671,6 +696,9 @@ mod tests {
         p
     }
 
+    /// A valid RFC 3339 timestamp (the assignment's `timestamp` is checked when read back).
+    const TS: &str = "2026-11-29T19:00:00Z";
+
     fn names(v: &[&str]) -> Vec<String> {
         v.iter().map(|s| s.to_string()).collect()
     }
@@ -713,7 +741,7 @@ mod tests {
         let mut gpus = Vec::new();
         for i in 0..4 {
             let res = c
-                .reserve(&pod(&format!("q{i}"), "2", Some("30")), "a", "t".into())
+                .reserve(&pod(&format!("q{i}"), "2", Some("30")), "a", TS.into())
                 .unwrap();
             gpus.push(res.allocation.gpus[0]);
         }
@@ -742,7 +770,7 @@ mod tests {
         let mut placed = Vec::new();
         for i in 0..10 {
             let p = pod(&format!("p{i}"), "4", Some("40"));
-            match c.reserve(&p, "a", "t".into()) {
+            match c.reserve(&p, "a", TS.into()) {
                 Ok(r) => placed.push((p, r)),
                 Err(e) => assert!(
                     e.to_string().contains("too few GPUs") || e.to_string().contains("GPU"),
@@ -766,7 +794,7 @@ mod tests {
         }
         assert_eq!(c.usage(), d.usage());
         assert!(
-            d.reserve(&pod("late", "4", Some("40")), "a", "t".into())
+            d.reserve(&pod("late", "4", Some("40")), "a", TS.into())
                 .is_err()
         );
         // A pod finishing gives its share back.
@@ -778,7 +806,7 @@ mod tests {
         });
         d.observe_pod(&done);
         assert!(
-            d.reserve(&pod("late", "4", Some("40")), "a", "t".into())
+            d.reserve(&pod("late", "4", Some("40")), "a", TS.into())
                 .is_ok()
         );
         // Assumed allocations expire when never seen bound.
@@ -788,18 +816,15 @@ mod tests {
             Duration::from_millis(0),
         );
         e.set_node(&node("a", 1, "core_mem", "binpack"));
-        e.reserve(&pod("x", "15", Some("100")), "a", "t".into())
+        e.reserve(&pod("x", "15", Some("100")), "a", TS.into())
             .unwrap();
         assert!(
-            e.reserve(&pod("y", "1", Some("5")), "a", "t".into())
+            e.reserve(&pod("y", "1", Some("5")), "a", TS.into())
                 .is_err()
         );
         std::thread::sleep(Duration::from_millis(2));
         assert_eq!(e.expire_assumed(Instant::now()), ["default/x"]);
-        assert!(
-            e.reserve(&pod("y", "1", Some("5")), "a", "t".into())
-                .is_ok()
-        );
+        assert!(e.reserve(&pod("y", "1", Some("5")), "a", TS.into()).is_ok());
     }
 
     #[test]
@@ -810,7 +835,7 @@ mod tests {
             Duration::from_secs(60),
         );
         c.set_node(&node("a", 2, "core_mem", "binpack"));
-        c.reserve(&pod("p", "8", Some("50")), "a", "t".into())
+        c.reserve(&pod("p", "8", Some("50")), "a", TS.into())
             .unwrap();
         // A second node joins: the engine is rebuilt with the allocation re-applied.
         c.set_node(&node("b", 2, "core_mem", "spread"));
@@ -829,7 +854,7 @@ mod tests {
         assert_eq!(r.node_names.as_deref(), Some(&names(&["c"])[..]), "{r:?}");
         c.set_node_deferred(&node("d", 1, "core_mem", "binpack"));
         assert_eq!(
-            c.reserve(&pod("r", "2", Some("10")), "d", "t".into())
+            c.reserve(&pod("r", "2", Some("10")), "d", TS.into())
                 .unwrap()
                 .allocation
                 .gpus,
@@ -839,5 +864,67 @@ mod tests {
         c.set_node(&node("a", 2, "cgpu", "binpack"));
         let r = c.filter(&pod("q", "2", Some("10")), &names(&["a"]));
         assert!(r.failed_and_unresolvable_nodes.contains_key("a"));
+    }
+
+    /// Hardening item 8: a node publishing more than 64 GPUs used to panic the node watch
+    /// (the engine's GPU sets are 64-bit masks); it is now a node gpushare cannot place on,
+    /// with the reason.
+    #[test]
+    fn a_node_with_65_gpus_is_refused_not_a_panic() {
+        let mut c = Cluster::new(
+            "gpushare",
+            ResourceNames::default(),
+            Duration::from_secs(60),
+        );
+        c.set_node(&node("big", 65, "core_mem", "binpack"));
+        c.set_node(&node("a", 64, "core_mem", "binpack"));
+        let r = c.filter(&pod("p", "2", Some("30")), &names(&["big", "a"]));
+        assert_eq!(r.node_names.as_deref(), Some(&names(&["a"])[..]));
+        assert_eq!(
+            r.failed_and_unresolvable_nodes["big"],
+            "node big: node annotation gpushare.io/gpus lists 65 GPUs, at most 64 are supported"
+        );
+    }
+
+    /// Found by fuzzing the extender: a pod (from a request body) whose container names are
+    /// 64 KiB each got an assignment the node refuses as too large; reserve now refuses it
+    /// and holds nothing.
+    #[test]
+    fn an_assignment_the_node_cannot_read_is_not_reserved() {
+        let mut c = Cluster::new(
+            "gpushare",
+            ResourceNames::default(),
+            Duration::from_secs(60),
+        );
+        c.set_node(&node("a", 1, "core_mem", "binpack"));
+        let mut p = pod("p", "2", Some("30"));
+        let spec = p.spec.as_mut().unwrap();
+        spec.containers[0].name = "\0".repeat(64 << 10);
+        let e = c.reserve(&p, "a", TS.into()).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "pod default/p: its gpushare.io/assignment would be 393353 bytes, more than the 262144 bytes an annotation may take"
+        );
+        assert_eq!(c.usage()[0].1[0].memory_allocated_mib, 0);
+        assert_eq!(c.allocations().count(), 0);
+    }
+
+    /// Hardening item 1: node names from a filter request are shown cut.
+    #[test]
+    fn unknown_node_names_are_echoed_cut() {
+        let mut c = Cluster::new(
+            "gpushare",
+            ResourceNames::default(),
+            Duration::from_secs(60),
+        );
+        c.set_node(&node("a", 1, "core_mem", "binpack"));
+        let big = "n".repeat(1 << 20);
+        let r = c.filter(&pod("p", "2", Some("30")), std::slice::from_ref(&big));
+        let msg = &r.failed_nodes[&big];
+        assert!(
+            msg.len() < 150 && msg.contains("(1048576 bytes)"),
+            "{}",
+            &msg[..150]
+        );
     }
 }

@@ -5,10 +5,11 @@
 use k8s_openapi::api::core::v1::{Container, Pod};
 
 use crate::kubeobjects::pod_key;
+use gpushare_core::echo::Echo;
 use gpushare_core::placement::{GpuDemand, InvalidRequest, Request};
 use gpushare_core::request::limits::parse_limits;
 use gpushare_core::request::{
-    ASSIGNMENT_VERSION, Assignment, GpuShare, RequestError, ResourceNames,
+    ASSIGNMENT_ANNOTATION, ASSIGNMENT_VERSION, Assignment, GpuShare, RequestError, ResourceNames,
 };
 
 /// One GPU container's share (per GPU it gets).
@@ -30,28 +31,32 @@ pub struct PodDemand {
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PodError {
-    #[error("container {container:?}: {source}")]
+    #[error("container {container}: {source}")]
     Container {
-        container: String,
+        container: Echo,
         source: InvalidRequest,
     },
     #[error(
-        "containers {a:?} and {b:?} both ask for GPUs and {a:?} asks for {count_field}={count}; several GPU containers in one pod must each take one GPU (they share it)"
+        "containers {a} and {b} both ask for GPUs and {a} asks for {count_field}={count}; several GPU containers in one pod must each take one GPU (they share it)"
     )]
     SeveralMultiGpu {
-        a: String,
-        b: String,
+        a: Echo,
+        b: Echo,
         count_field: String,
         count: u32,
     },
     #[error(
-        "container {with:?} asks for {core_field} and container {without:?} does not; the GPU containers of one pod must all have a compute quota or none"
+        "container {with} asks for {core_field} and container {without} does not; the GPU containers of one pod must all have a compute quota or none"
     )]
     MixedCore {
-        with: String,
-        without: String,
+        with: Echo,
+        without: Echo,
         core_field: String,
     },
+    #[error("the pod has two containers named {name} (container names must be unique)")]
+    DuplicateContainer { name: Echo },
+    #[error("the GPU containers of the pod ask for {field} adding up to more than {max}")]
+    SumTooLarge { field: String, max: u64 },
     #[error(
         "the GPU containers of the pod ask for {core_field} {total} in all, more than one GPU (100)"
     )]
@@ -60,9 +65,9 @@ pub enum PodError {
 
 /// A pod whose GPU request is refused, named.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("pod {pod}: {source}")]
+#[error("pod {pod:#}: {source}")]
 pub struct InvalidPod {
-    pub pod: String,
+    pub pod: Echo,
     pub source: Box<PodError>,
 }
 
@@ -88,9 +93,16 @@ pub fn pod_demand(pod: &Pod, names: &ResourceNames) -> Result<Option<PodDemand>,
     let name = pod_key(pod).to_string();
     let mut shares: Vec<ContainerShare> = Vec::new();
     let containers = pod.spec.iter().flat_map(|s| s.containers.iter());
+    let mut seen = std::collections::HashSet::new();
     for c in containers {
+        // The API server refuses such a pod; an extender request may still carry one.
+        if !seen.insert(c.name.as_str()) {
+            return Err(PodError::DuplicateContainer {
+                name: Echo::new(&c.name),
+            });
+        }
         let err = |source: InvalidRequest| PodError::Container {
-            container: c.name.clone(),
+            container: Echo::new(&c.name),
             source,
         };
         let Some(q) = parse_limits(&limits_of(c), names).map_err(|e| err(e.into()))? else {
@@ -116,11 +128,12 @@ pub fn pod_demand(pod: &Pod, names: &ResourceNames) -> Result<Option<PodDemand>,
         return Ok(None);
     };
     if shares.len() > 1 {
-        if let Some(multi) = shares.iter().find(|s| s.count > 1) {
-            let other = shares.iter().find(|s| s.name != multi.name).expect("two");
+        if let Some(multi) = shares.iter().find(|s| s.count > 1)
+            && let Some(other) = shares.iter().find(|s| s.name != multi.name)
+        {
             return Err(PodError::SeveralMultiGpu {
-                a: multi.name.clone(),
-                b: other.name.clone(),
+                a: Echo::new(&multi.name),
+                b: Echo::new(&other.name),
                 count_field: names.count.clone(),
                 count: multi.count,
             });
@@ -130,16 +143,26 @@ pub fn pod_demand(pod: &Pod, names: &ResourceNames) -> Result<Option<PodDemand>,
             shares.iter().find(|s| s.core_percent.is_none()),
         ) {
             return Err(PodError::MixedCore {
-                with: with.name.clone(),
-                without: without.name.clone(),
+                with: Echo::new(&with.name),
+                without: Echo::new(&without.name),
                 core_field: names.core.clone(),
             });
         }
     }
-    let memory_mib = shares.iter().map(|s| s.memory_mib).sum();
-    let core: Option<u32> = first
-        .core_percent
-        .map(|_| shares.iter().filter_map(|s| s.core_percent).sum());
+    // Checked: each share is bounded, their number is not (a pod of many containers).
+    let memory_mib = shares
+        .iter()
+        .try_fold(0u64, |acc, s| acc.checked_add(s.memory_mib))
+        .ok_or_else(|| PodError::SumTooLarge {
+            field: names.memory.clone(),
+            max: u64::MAX,
+        })?;
+    let core: Option<u32> = first.core_percent.map(|_| {
+        shares
+            .iter()
+            .filter_map(|s| s.core_percent)
+            .fold(0, u32::saturating_add)
+    });
     if let Some(total) = core
         && total > 100
     {
@@ -194,9 +217,15 @@ pub fn demand_of_assignment(a: &Assignment) -> Result<(Vec<u32>, GpuDemand), Req
     for shares in a.containers.values() {
         for s in shares {
             let e = per_gpu.entry(s.gpu_index).or_insert((0, None));
-            e.0 += s.memory_mib;
+            // Checked: the annotation bounds each share, not how many there are.
+            e.0 =
+                e.0.checked_add(s.memory_mib)
+                    .ok_or_else(|| RequestError::SumTooLarge {
+                        what: format!("{ASSIGNMENT_ANNOTATION} memoryMiB on GPU {}", s.gpu_index),
+                        max: u64::MAX,
+                    })?;
             if let Some(c) = s.core_percent {
-                e.1 = Some(e.1.unwrap_or(0) + c.clamp(0, 100) as u32);
+                e.1 = Some(e.1.unwrap_or(0).saturating_add(c.clamp(0, 100) as u32));
             }
         }
     }
@@ -333,5 +362,67 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.to_string().contains("aliyun.com/gpu-count=2"), "{e}");
+    }
+
+    /// Hardening item 7: what an assignment takes from a GPU is summed with checked
+    /// arithmetic; an annotation whose memory or compute adds up past 64 bits is an error.
+    #[test]
+    fn assignment_sums_do_not_wrap() {
+        let share = |gpu_index, memory_mib, core_percent| GpuShare {
+            gpu_index,
+            gpu_uuid: String::new(),
+            memory_mib,
+            core_percent,
+        };
+        let a = Assignment {
+            version: 1,
+            timestamp: None,
+            containers: [
+                ("a".to_string(), vec![share(0, u64::MAX / 2 + 1, None)]),
+                ("b".to_string(), vec![share(0, u64::MAX / 2 + 1, None)]),
+            ]
+            .into(),
+        };
+        let e = demand_of_assignment(&a).unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "gpushare.io/assignment memoryMiB on GPU 0 adds up to more than 18446744073709551615"
+        );
+    }
+
+    /// Found by fuzzing the extender: two containers of one name, one of them asking for two
+    /// GPUs, panicked in `pod_demand` ("two"); such a pod is now refused, naming the name.
+    #[test]
+    fn duplicate_container_names_are_refused() {
+        let n = ResourceNames::default();
+        let e = pod_demand(
+            &pod(&[
+                ("main", &[(MEM, "8"), (COUNT, "2")]),
+                ("main", &[(MEM, "8"), (COUNT, "2")]),
+            ]),
+            &n,
+        )
+        .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            r#"the pod has two containers named "main" (container names must be unique)"#
+        );
+    }
+
+    /// Hardening items 5 and 6 through the extender: a pod's limits with whitespace or an
+    /// overflowing value are refused naming the container, field and value.
+    #[test]
+    fn pod_limits_with_whitespace_or_overflow_are_refused() {
+        let n = ResourceNames::default();
+        let e = pod_demand(&pod(&[("main", &[(MEM, " 2")])]), &n).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            r#"container "main": aliyun.com/gpu-mem " 2" has leading or trailing whitespace: expected an integer"#
+        );
+        let e = pod_demand(&pod(&[("main", &[(MEM, "99999999999999999999")])]), &n).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            r#"container "main": aliyun.com/gpu-mem "99999999999999999999" is out of range: expected an integer in [1, 17179869183]"#
+        );
     }
 }

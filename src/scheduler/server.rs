@@ -7,9 +7,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use async_trait::async_trait;
+use axum::body::Bytes;
+use axum::extract::DefaultBodyLimit;
 use axum::extract::State;
 use axum::http::StatusCode;
-use axum::response::IntoResponse;
+use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use k8s_openapi::api::core::v1::Pod;
@@ -17,6 +19,7 @@ use k8s_openapi::api::core::v1::Pod;
 use super::cache::{Cluster, ReserveError};
 use super::wire::{
     ExtenderArgs, ExtenderBindingArgs, ExtenderBindingResult, ExtenderFilterResult, HostPriority,
+    MAX_BODY, WireError, decode,
 };
 use crate::kubeobjects::{PodKey, pod_key};
 use crate::metrics::{Kind, PromText};
@@ -73,12 +76,17 @@ pub enum BindRefusal {
         name: String,
         served: Vec<String>,
     },
-    #[error("bind request: {field} {value:?} is not a valid Kubernetes name")]
-    BadName { field: &'static str, value: String },
+    #[error("bind request: {field} {value} is not a valid Kubernetes name")]
+    BadName {
+        field: &'static str,
+        value: gpushare_core::echo::Echo,
+    },
     #[error("pod {pod}: a bind for it is already in progress")]
     InProgress { pod: String },
     #[error("gpushare scheduler: cache not synced with the API server yet")]
     NotSynced,
+    #[error(transparent)]
+    Request(#[from] WireError),
     #[error(transparent)]
     Reserve(#[from] ReserveError),
 }
@@ -237,14 +245,6 @@ impl Drop for BindSlot<'_> {
     }
 }
 
-/// `v` cut to 64 characters, with its length when cut: a request's value echoed in an error.
-fn short(v: &str) -> String {
-    match v.char_indices().nth(64) {
-        None => v.to_string(),
-        Some((i, _)) => format!("{}… ({} bytes)", &v[..i], v.len()),
-    }
-}
-
 /// A DNS-1123 subdomain (object and node names): at most 253 characters of lowercase
 /// alphanumerics, '-' and '.', starting and ending alphanumeric.
 pub fn is_dns_subdomain(s: &str) -> bool {
@@ -330,6 +330,9 @@ impl Extender {
     }
 
     async fn bind_inner(&self, args: &ExtenderBindingArgs) -> Result<(), BindError> {
+        // Names that cannot be Kubernetes names are refused before they reach the API server
+        // or a message.
+        args.check().map_err(BindRefusal::from)?;
         for (field, value, ok) in [
             (
                 "podNamespace",
@@ -342,7 +345,7 @@ impl Extender {
             if !ok {
                 return Err(BindRefusal::BadName {
                     field,
-                    value: short(value),
+                    value: gpushare_core::echo::Echo::new(value),
                 }
                 .into());
             }
@@ -415,13 +418,13 @@ impl Extender {
             Some(reserved.assignment.to_json()),
         );
         let first = reserved.allocation.gpus.first().copied().unwrap_or(0);
+        // Saturating: each share is bounded by its GPU, but the sum must never wrap.
         let pod_mem: u64 = reserved
             .assignment
             .containers
             .values()
             .flatten()
-            .map(|s| s.memory_mib)
-            .sum();
+            .fold(0, |acc: u64, s| acc.saturating_add(s.memory_mib));
         ann.insert(ACK_GPU_MEM_IDX.into(), Some(first.to_string()));
         ann.insert(ACK_GPU_MEM_POD.into(), Some((pod_mem / unit).to_string()));
         ann.insert(ACK_GPU_MEM_ASSIGNED.into(), Some("false".into()));
@@ -467,6 +470,23 @@ impl Extender {
             "bound"
         );
         Ok(())
+    }
+
+    /// `filter` on a raw body: what the HTTP handler answers (a body that cannot be decoded
+    /// is answered with its error).
+    pub fn filter_body(&self, body: &[u8]) -> ExtenderFilterResult {
+        match decode::<ExtenderArgs>("filter", body) {
+            Ok(args) => self.filter(&args),
+            Err(e) => ExtenderFilterResult {
+                error: e.to_string(),
+                ..Default::default()
+            },
+        }
+    }
+
+    /// `prioritize` on a raw body.
+    pub fn prioritize_body(&self, body: &[u8]) -> Result<Vec<HostPriority>, WireError> {
+        decode::<ExtenderArgs>("prioritize", body).map(|args| self.prioritize(&args))
     }
 
     pub fn metrics_text(&self) -> String {
@@ -581,25 +601,34 @@ pub fn router(ext: Arc<Extender>) -> Router {
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
         .route("/allocations", get(allocations))
+        .layer(DefaultBodyLimit::max(MAX_BODY))
         .with_state(ext)
 }
 
-async fn filter(State(e): State<Arc<Extender>>, Json(a): Json<ExtenderArgs>) -> impl IntoResponse {
-    Json(e.filter(&a))
+// The bodies are decoded by `wire::decode` rather than axum's `Json`, whose rejection quotes
+// the offending value whole: errors name the field path and stay short.
+
+async fn filter(State(e): State<Arc<Extender>>, body: Bytes) -> impl IntoResponse {
+    Json(e.filter_body(&body))
 }
 
-async fn prioritize(
-    State(e): State<Arc<Extender>>,
-    Json(a): Json<ExtenderArgs>,
-) -> impl IntoResponse {
-    Json(e.prioritize(&a))
+async fn prioritize(State(e): State<Arc<Extender>>, body: Bytes) -> Response {
+    match e.prioritize_body(&body) {
+        Ok(p) => Json(p).into_response(),
+        Err(err) => (StatusCode::BAD_REQUEST, format!("{err}\n")).into_response(),
+    }
 }
 
-async fn bind(
-    State(e): State<Arc<Extender>>,
-    Json(a): Json<ExtenderBindingArgs>,
-) -> impl IntoResponse {
-    Json(e.bind(&a).await)
+async fn bind(State(e): State<Arc<Extender>>, body: Bytes) -> impl IntoResponse {
+    Json(match ExtenderBindingArgs::decode(&body) {
+        Ok(a) => e.bind(&a).await,
+        Err(err) => {
+            e.metrics.binds_failed.fetch_add(1, Ordering::Relaxed);
+            ExtenderBindingResult {
+                error: err.to_string(),
+            }
+        }
+    })
 }
 
 async fn healthz(State(e): State<Arc<Extender>>) -> impl IntoResponse {
@@ -821,7 +850,11 @@ mod tests {
             ),
             (
                 bind_g(&"n".repeat(300)),
-                "bind request: node \"nnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnn… (300 bytes)\" is not a valid Kubernetes name",
+                "bind: Node \"nnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnn…\" (300 bytes) is longer than 253 bytes",
+            ),
+            (
+                bind_g("Node_A"),
+                "bind request: node \"Node_A\" is not a valid Kubernetes name",
             ),
         ] {
             assert_eq!(ext.bind_inner(&args).await.unwrap_err().to_string(), want);

@@ -9,6 +9,7 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 
 /// `v1.NodeList`.
 pub type NodeList = List<Node>;
+use gpushare_core::echo::{Echo, cut_message};
 use serde::{Deserialize, Serialize};
 
 /// Scores the extender returns are in [0, MAX_SCORE] (`extenderv1.MaxExtenderPriority`).
@@ -71,6 +72,123 @@ pub struct ExtenderBindingResult {
     pub error: String,
 }
 
+/// Why an extender request body is refused. Messages name the verb and what is wrong, and show
+/// outside text cut: kube-scheduler logs them, and a body may be megabytes.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum WireError {
+    /// Not JSON at all (a syntax error).
+    #[error("{verb}: the request body is not valid JSON: {reason}")]
+    Malformed { verb: &'static str, reason: String },
+    /// JSON, but a field is not what the verb takes; `path` names it (`Pod.spec.containers[0]`,
+    /// empty for the body itself).
+    #[error("{verb}: the request body{} is not valid: {reason}", place(path))]
+    Schema {
+        verb: &'static str,
+        path: String,
+        reason: String,
+    },
+    /// Larger than the extender takes (the HTTP server refuses it before decoding, too).
+    #[error("{verb}: the request body is {len} bytes, at most {MAX_BODY} are accepted")]
+    TooLarge { verb: &'static str, len: usize },
+    /// A bind argument that cannot name a Kubernetes object.
+    #[error("{verb}: {field} {value} {why}")]
+    BadArgument {
+        verb: &'static str,
+        field: &'static str,
+        value: Echo,
+        why: &'static str,
+    },
+}
+
+fn place(path: &str) -> String {
+    if path.is_empty() || path == "." {
+        String::new()
+    } else {
+        format!("'s {path}")
+    }
+}
+
+/// Longest library error text kept in a [`WireError`] (serde's messages quote the offending
+/// value whole).
+const REASON_MAX: usize = 160;
+/// Longest field path kept (map keys in it come from the body).
+const PATH_MAX: usize = 120;
+
+/// Largest request body the extender decodes (axum's default limit, set explicitly on the
+/// router).
+pub const MAX_BODY: usize = 2 << 20;
+
+/// Decodes the body of `verb` (`filter`, `prioritize`, `bind`): JSON syntax errors and schema
+/// errors apart, the schema error naming the field path.
+pub fn decode<T: serde::de::DeserializeOwned>(
+    verb: &'static str,
+    body: &[u8],
+) -> Result<T, WireError> {
+    if body.len() > MAX_BODY {
+        return Err(WireError::TooLarge {
+            verb,
+            len: body.len(),
+        });
+    }
+    let mut de = serde_json::Deserializer::from_slice(body);
+    let value: T = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+        let reason = cut_message(&e.inner().to_string(), REASON_MAX);
+        match e.inner().classify() {
+            serde_json::error::Category::Data => WireError::Schema {
+                verb,
+                path: cut_message(&e.path().to_string(), PATH_MAX),
+                reason,
+            },
+            _ => WireError::Malformed { verb, reason },
+        }
+    })?;
+    de.end().map_err(|e| WireError::Malformed {
+        verb,
+        reason: cut_message(&e.to_string(), REASON_MAX),
+    })?;
+    Ok(value)
+}
+
+/// Longest Kubernetes object name (a DNS subdomain).
+pub const MAX_NAME_LEN: usize = 253;
+
+impl ExtenderBindingArgs {
+    /// Decodes and checks a `bind` body: pod name, namespace and node must be names a
+    /// Kubernetes object can have (not empty, at most [`MAX_NAME_LEN`] bytes); so must the UID
+    /// when given.
+    pub fn decode(body: &[u8]) -> Result<ExtenderBindingArgs, WireError> {
+        let args: ExtenderBindingArgs = decode("bind", body)?;
+        args.check()?;
+        Ok(args)
+    }
+
+    pub fn check(&self) -> Result<(), WireError> {
+        let bad = |field, value: &str, why| WireError::BadArgument {
+            verb: "bind",
+            field,
+            value: Echo::new(value),
+            why,
+        };
+        for (field, value) in [
+            ("PodName", &self.pod_name),
+            ("PodNamespace", &self.pod_namespace),
+            ("Node", &self.node),
+            ("PodUID", &self.pod_uid),
+        ] {
+            if value.is_empty() && field != "PodUID" {
+                return Err(bad(field, value, "is empty"));
+            }
+            if value.len() > MAX_NAME_LEN {
+                return Err(bad(field, value, "is longer than 253 bytes"));
+            }
+            if value.chars().any(char::is_control) {
+                return Err(bad(field, value, "has a control character"));
+            }
+        }
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -105,5 +223,60 @@ mod tests {
             .unwrap(),
             r#"[{"Host":"n1","Score":10}]"#
         );
+    }
+
+    /// Hardening items 1 and 2 for the extender: syntax and schema errors apart, the schema
+    /// error naming the field path, every echoed value cut.
+    #[test]
+    fn bodies_are_decoded_with_paths_and_short_errors() {
+        let e = decode::<ExtenderArgs>("filter", b"{\"Pod\":").unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "filter: the request body is not valid JSON: EOF while parsing a value at line 1 column 7"
+        );
+        let big = "x".repeat(1 << 20);
+        let body = format!(
+            r#"{{"Pod":{{"spec":{{"containers":[{{"name":1}}]}}}},"NodeNames":["{big}"]}}"#
+        );
+        let e = decode::<ExtenderArgs>("filter", body.as_bytes()).unwrap_err();
+        assert!(
+            e.to_string().starts_with(
+                "filter: the request body's Pod.spec.containers[0].name is not valid: invalid type: integer `1`, expected a string"
+            ),
+            "{e}"
+        );
+        let body = format!(r#"{{"NodeNames":[{{"{big}":1}}]}}"#);
+        let e = decode::<ExtenderArgs>("prioritize", body.as_bytes())
+            .unwrap_err()
+            .to_string();
+        assert!(e.len() < 400, "{}", &e[..400]);
+        let body = format!(r#"{{"PodName":"{big}","PodNamespace":"ns","PodUID":"","Node":"n"}}"#);
+        let e = ExtenderBindingArgs::decode(body.as_bytes())
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            e,
+            format!(
+                "bind: PodName \"{}…\" (1048576 bytes) is longer than 253 bytes",
+                "x".repeat(64)
+            )
+        );
+        let e = ExtenderBindingArgs::decode(
+            br#"{"PodName":"p","PodNamespace":"ns","PodUID":"","Node":""}"#,
+        )
+        .unwrap_err()
+        .to_string();
+        assert_eq!(e, "bind: Node \"\" is empty");
+        let e = decode::<ExtenderBindingArgs>("bind", br#"{"PodName":"p"}"#).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "bind: the request body is not valid: missing field `PodNamespace` at line 1 column 15"
+        );
+        let e = decode::<ExtenderBindingArgs>(
+            "bind",
+            br#"{"PodName":"p","PodNamespace":"ns","PodUID":"","Node":"n"} x"#,
+        )
+        .unwrap_err();
+        assert!(matches!(e, WireError::Malformed { .. }), "{e}");
     }
 }

@@ -3,6 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
+use gpushare_core::placement::model::MAX_GPUS_PER_NODE;
 use gpushare_core::placement::{GpuDemand, NodeSpec, Request, ScheduleMode};
 
 /// Memory of one trace GPU: the trace gives no GPU memory, and `gpu_milli` stands for the same
@@ -29,6 +30,12 @@ pub enum TraceError {
         line: usize,
         column: &'static str,
         value: String,
+    },
+    #[error("{path} line {line}: gpu {gpus} is more than {MAX_GPUS_PER_NODE} GPUs")]
+    TooManyGpus {
+        path: PathBuf,
+        line: usize,
+        gpus: u64,
     },
     #[error("{path} line {line}: {fields} fields, the header has {header}")]
     FieldCount {
@@ -187,11 +194,20 @@ pub fn read_nodes(path: &Path) -> Result<Vec<NodeSpec>, TraceError> {
     csv.rows
         .iter()
         .map(|(line, r)| {
+            // Bounded before anything is allocated for them (GPU sets are 64-bit masks).
+            let gpus = csv.num(*line, r, gpu, "gpu")?;
+            if gpus > MAX_GPUS_PER_NODE as u64 {
+                return Err(TraceError::TooManyGpus {
+                    path: csv.path.clone(),
+                    line: *line,
+                    gpus,
+                });
+            }
             Ok(NodeSpec::uniform(
                 r[sn].trim(),
                 csv.num(*line, r, cpu, "cpu_milli")?,
                 csv.num(*line, r, mem, "memory_mib")?,
-                csv.num(*line, r, gpu, "gpu")? as usize,
+                gpus as usize,
                 TRACE_GPU_MEMORY_MIB,
                 r[model].trim(),
                 ScheduleMode::CoreMem,
@@ -301,5 +317,19 @@ mod tests {
         std::fs::write(&pods, "name,cpu_milli\np,1\n").unwrap();
         let e = read_pods(&pods).unwrap_err().to_string();
         assert!(e.contains("column \"memory_mib\" is missing"), "{e}");
+        // Hardening item 8: more GPUs than a node may have is an error of the file, before
+        // anything is allocated for them (the engine used to panic on 65).
+        for gpus in ["65", "1000000000000"] {
+            std::fs::write(
+                &nodes,
+                format!("sn,cpu_milli,memory_mib,gpu,model\nn0,1,1,{gpus},P100\n"),
+            )
+            .unwrap();
+            let e = read_nodes(&nodes).unwrap_err().to_string();
+            assert!(
+                e.ends_with(&format!("line 2: gpu {gpus} is more than 64 GPUs")),
+                "{e}"
+            );
+        }
     }
 }

@@ -210,7 +210,10 @@ pub fn limits_file(req: &ContainerRequest) -> LimitsFile {
             .map(|g| GpuLimit {
                 index: g.index,
                 uuid: g.uuid.clone(),
-                memory_limit_bytes: g.memory_mib << 20,
+                // A share is at most its GPU's memory (and the parsers cap a quota at
+                // MAX_MEMORY_MIB), so this is exact; saturating rather than shifting bits
+                // out all the same, so that no value ever turns into a small quota.
+                memory_limit_bytes: g.memory_mib.saturating_mul(1 << 20),
             })
             .collect(),
     )
@@ -276,7 +279,11 @@ pub fn build(
         ),
     ];
     if req.gpus.iter().all(|g| g.core_percent.is_some()) {
-        let core: u32 = req.gpus.iter().filter_map(|g| g.core_percent).sum();
+        let core: u32 = req
+            .gpus
+            .iter()
+            .filter_map(|g| g.core_percent)
+            .fold(0, u32::saturating_add);
         env.push(("GPUSHARE_GPU_CORE_PERCENT".to_string(), core.to_string()));
     }
     env.extend([
@@ -467,6 +474,20 @@ mod tests {
         let f = limits_file(&req);
         assert_eq!(f.gpus[0].memory_limit_bytes, 2 << 30);
         assert_eq!(LimitsFile::parse(&f.render()).unwrap(), f);
+    }
+
+    /// Hardening item 7: MiB → bytes never wraps (a value the request parser cannot produce
+    /// saturates rather than turning into a small quota).
+    #[test]
+    fn bytes_of_a_huge_quota_saturate() {
+        let mut req = ContainerRequest {
+            gpus: vec![grant(0, u64::MAX / 2, None), grant(1, 1 << 44, None)],
+        };
+        let f = limits_file(&req);
+        assert_eq!(f.gpus[0].memory_limit_bytes, u64::MAX);
+        assert_eq!(f.gpus[1].memory_limit_bytes, u64::MAX);
+        req.gpus[1].memory_mib = u64::MAX;
+        assert_eq!(req.memory_mib(), u64::MAX);
     }
 
     proptest! {

@@ -11,11 +11,16 @@
 //! - [`placement`] — which node and GPUs a pod gets (the scheduler and `simulate`);
 //! - [`control`] — the throttle control law (per-GPU run windows from quotas and samples);
 //! - [`limiter`] — the in-container limiter contract: container paths, the limits file, the
-//!   shared accounting region layout.
+//!   shared accounting region layout;
+//! - [`echo`], [`json`], [`rfc3339`] — reading outside input: how an error shows an outside
+//!   value (cut), JSON with field paths and no duplicate keys, RFC 3339 date-times.
 
 pub mod adjust;
 pub mod control;
+pub mod echo;
 pub mod inventory;
+pub mod json;
 pub mod limiter;
 pub mod placement;
 pub mod request;
+pub mod rfc3339;

@@ -20,6 +20,9 @@ use std::sync::atomic::{AtomicU32, AtomicU64};
 
 use serde::{Deserialize, Serialize};
 
+use crate::echo::Echo;
+use crate::json::{self, Json, Path, SchemaError};
+
 /// The limiter library inside a container (bind-mounted read-only by the agent).
 pub const LIBRARY_PATH: &str = "/usr/lib/gpushare/libgpushare_limiter.so";
 /// The container's limits (bind-mounted read-only; rendered by [`LimitsFile::render`]).
@@ -33,6 +36,9 @@ pub const PRELOAD_PATH: &str = "/etc/ld.so.preload";
 pub const LIMITS_VERSION: u32 = 1;
 /// Most GPUs one container's limits may name (the region has one counter per GPU per slot).
 pub const MAX_GPUS: usize = 16;
+
+/// Largest limits file read (one of [`MAX_GPUS`] GPUs is a few hundred bytes).
+pub const MAX_LIMITS_FILE_BYTES: usize = 64 * 1024;
 
 /// What the agent writes to [`LIMITS_PATH`] for one container.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -55,10 +61,51 @@ pub struct GpuLimit {
     pub memory_limit_bytes: u64,
 }
 
+impl GpuLimit {
+    fn from_tree(v: &Json, path: &Path) -> Result<GpuLimit, SchemaError> {
+        let o = json::object(v, path, "an object with index, uuid and memory_limit_bytes")?;
+        o.deny_unknown(path, &["index", "uuid", "memory_limit_bytes"])?;
+        let index = json::integer(
+            o.required(path, "index", "an integer in [0, 4294967295]")?,
+            &path.field("index"),
+            0,
+            u32::MAX.into(),
+        )? as u32;
+        let uuid = json::string(
+            o.required(path, "uuid", "a GPU UUID string")?,
+            &path.field("uuid"),
+            "a GPU UUID string",
+        )?
+        .to_string();
+        let memory_limit_bytes = json::integer(
+            o.required(
+                path,
+                "memory_limit_bytes",
+                "an integer in [0, 18446744073709551615]",
+            )?,
+            &path.field("memory_limit_bytes"),
+            0,
+            u64::MAX.into(),
+        )? as u64;
+        Ok(GpuLimit {
+            index,
+            uuid,
+            memory_limit_bytes,
+        })
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum LimitsError {
+    /// Far larger than any limits file the agent writes.
+    #[error("limits file is malformed: {0} bytes, at most {MAX_LIMITS_FILE_BYTES} are read")]
+    TooLarge(usize),
+    /// Not JSON at all (a syntax error).
     #[error("limits file is malformed: {0}")]
     Malformed(String),
+    /// JSON, but a field is not what the file takes (the path names it).
+    #[error("limits file {0}")]
+    Schema(SchemaError),
     #[error("limits file version {0} is not supported (this build reads version {LIMITS_VERSION})")]
     UnsupportedVersion(u32),
     #[error("limits file gpus is empty")]
@@ -67,12 +114,18 @@ pub enum LimitsError {
     TooManyGpus(usize),
     #[error("limits file gpus[{position}].memory_limit_bytes 0 is not a quota")]
     ZeroLimit { position: usize },
-    #[error("limits file gpus[{position}].uuid {uuid:?} is not a GPU UUID")]
-    BadUuid { position: usize, uuid: String },
+    #[error("limits file gpus[{position}].uuid {uuid} is not a GPU UUID")]
+    BadUuid { position: usize, uuid: Echo },
     #[error("limits file gpus[{position}].index {index} is listed twice")]
     DuplicateIndex { position: usize, index: u32 },
-    #[error("limits file gpus[{position}].uuid {uuid} is listed twice")]
-    DuplicateUuid { position: usize, uuid: String },
+    #[error("limits file gpus[{position}].uuid {uuid:#} is listed twice")]
+    DuplicateUuid { position: usize, uuid: Echo },
+}
+
+impl From<SchemaError> for LimitsError {
+    fn from(e: SchemaError) -> Self {
+        LimitsError::Schema(e)
+    }
 }
 
 impl LimitsFile {
@@ -83,20 +136,42 @@ impl LimitsFile {
         }
     }
 
-    /// Parses and validates the file's text (the one place the format is read).
+    /// Parses and validates the file's text (the one place the format is read). Errors name
+    /// the field path (`gpus[0].memory_limit_bytes`) and show values cut.
     pub fn parse(raw: &str) -> Result<LimitsFile, LimitsError> {
-        // Read the version first so that a newer file says so rather than "unknown field".
-        #[derive(Deserialize)]
-        struct VersionOnly {
-            version: u32,
+        if raw.len() > MAX_LIMITS_FILE_BYTES {
+            return Err(LimitsError::TooLarge(raw.len()));
         }
-        let v: VersionOnly =
-            serde_json::from_str(raw).map_err(|e| LimitsError::Malformed(e.to_string()))?;
-        if v.version != LIMITS_VERSION {
-            return Err(LimitsError::UnsupportedVersion(v.version));
+        let tree = json::parse(raw).map_err(|e| LimitsError::Malformed(e.0))?;
+        let root = Path::root();
+        let top = json::object(&tree, &root, "an object with version and gpus")?;
+        // The version first, so that a newer file says so rather than "unknown field".
+        let version = json::integer_as(
+            top.required(&root, "version", "the integer 1")?,
+            &root.field("version"),
+            0,
+            u32::MAX.into(),
+            "the integer 1",
+        )? as u32;
+        if version != LIMITS_VERSION {
+            return Err(LimitsError::UnsupportedVersion(version));
         }
-        let file: LimitsFile =
-            serde_json::from_str(raw).map_err(|e| LimitsError::Malformed(e.to_string()))?;
+        top.deny_unknown(&root, &["version", "gpus"])?;
+        let path = root.field("gpus");
+        let items = json::array(
+            top.required(&root, "gpus", "a list of GPU limits")?,
+            &path,
+            "a list of GPU limits",
+        )?;
+        if items.len() > MAX_GPUS {
+            return Err(LimitsError::TooManyGpus(items.len()));
+        }
+        let gpus = items
+            .iter()
+            .enumerate()
+            .map(|(i, v)| GpuLimit::from_tree(v, &path.index(i)))
+            .collect::<Result<Vec<_>, _>>()?;
+        let file = LimitsFile { version, gpus };
         file.validate()?;
         Ok(file)
     }
@@ -118,7 +193,7 @@ impl LimitsFile {
             if gpu.uuid.is_empty() || gpu.uuid.chars().any(|c| c.is_whitespace() || c == '\0') {
                 return Err(LimitsError::BadUuid {
                     position,
-                    uuid: gpu.uuid.clone(),
+                    uuid: Echo::new(&gpu.uuid),
                 });
             }
             let earlier = &self.gpus[..position];
@@ -131,7 +206,7 @@ impl LimitsFile {
             if earlier.iter().any(|g| g.uuid == gpu.uuid) {
                 return Err(LimitsError::DuplicateUuid {
                     position,
-                    uuid: gpu.uuid.clone(),
+                    uuid: Echo::new(&gpu.uuid),
                 });
             }
         }

@@ -8,7 +8,10 @@
 
 use std::collections::HashMap;
 
-use crate::request::{GpuQuantities, RequestError, ResourceNames, validate_core_percent};
+use crate::echo::Echo;
+use crate::request::{
+    GpuQuantities, MAX_MEMORY_MIB, RequestError, ResourceNames, validate_core_percent,
+};
 
 /// Compute capacity of one GPU in per-mille.
 pub const CORE_MILLI_PER_GPU: u32 = 1000;
@@ -42,7 +45,7 @@ impl ScheduleMode {
             "default" => Ok(ScheduleMode::Default),
             _ => Err(LabelError {
                 label: SCHEDULE_LABEL,
-                value: value.to_string(),
+                value: Echo::new(value),
                 allowed: "core_mem, cgpu, share, default",
             }),
         }
@@ -84,7 +87,7 @@ impl GpuPlacement {
             "spread" => Ok(GpuPlacement::Spread),
             _ => Err(LabelError {
                 label: PLACEMENT_LABEL,
-                value: value.to_string(),
+                value: Echo::new(value),
                 allowed: "binpack, spread",
             }),
         }
@@ -100,11 +103,19 @@ impl GpuPlacement {
 
 /// A node label with a value we do not know.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("node label {label}={value:?} is not one of {allowed}")]
+#[error("node label {label}={value} is not one of {allowed}")]
 pub struct LabelError {
     pub label: &'static str,
-    pub value: String,
+    pub value: Echo,
     pub allowed: &'static str,
+}
+
+/// A node with more GPUs than a GPU set holds.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("node {node:#} has {count} GPUs, at most {MAX_GPUS_PER_NODE} are supported")]
+pub struct TooManyGpus {
+    pub node: Echo,
+    pub count: usize,
 }
 
 /// One GPU of a node.
@@ -167,6 +178,18 @@ impl NodeSpec {
             .map(|v| GpuPlacement::parse(v))
             .transpose()?;
         Ok(self)
+    }
+
+    /// Whether the engine can hold this node: at most [`MAX_GPUS_PER_NODE`] GPUs (GPU sets are
+    /// 64-bit masks). Specs made from outside input are checked with this first.
+    pub fn check_gpus(&self) -> Result<(), TooManyGpus> {
+        if self.gpus.len() > MAX_GPUS_PER_NODE {
+            return Err(TooManyGpus {
+                node: Echo::new(&self.name),
+                count: self.gpus.len(),
+            });
+        }
+        Ok(())
     }
 
     /// The node's GPU model (of its first GPU); "" without GPUs.
@@ -266,7 +289,19 @@ impl Request {
                 field: names.count.clone(),
             });
         }
-        let total_mib = q.memory_mib(names.memory_unit);
+        // Checked: the parsers bound the units, a quantity built by hand is not.
+        let total_mib = q
+            .memory_units
+            .checked_mul(names.memory_unit.mib())
+            .filter(|&mib| mib <= MAX_MEMORY_MIB)
+            .ok_or_else(|| {
+                let max = GpuQuantities::max_memory_units(names.memory_unit);
+                RequestError::OutOfRange {
+                    field: names.memory.clone(),
+                    value: Echo::new(&q.memory_units.to_string()),
+                    expected: format!("an integer in [1, {max}]"),
+                }
+            })?;
         if total_mib == 0 {
             return Err(RequestError::NotPositive {
                 field: names.memory.clone(),
@@ -342,6 +377,34 @@ pub(crate) mod tests {
             core_percent: core,
             count,
         }
+    }
+
+    /// Hardening item 7: units × the unit is checked; a quantity built by hand beyond what
+    /// the parsers accept is an error, not a wrapped (or panicking) product.
+    #[test]
+    fn memory_that_overflows_in_mib_is_an_error() {
+        let names = ResourceNames::default();
+        let e = Request::from_quantities("p", 0, 0, Some(&q(u64::MAX, None, None)), &names)
+            .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "aliyun.com/gpu-mem \"18446744073709551615\" is out of range: expected an integer in [1, 17179869183]"
+        );
+        let max = GpuQuantities::max_memory_units(names.memory_unit);
+        assert!(Request::from_quantities("p", 0, 0, Some(&q(max, None, None)), &names).is_ok());
+    }
+
+    /// Hardening item 1: a label value is shown cut.
+    #[test]
+    fn long_label_values_are_cut() {
+        let e = ScheduleMode::parse(&"x".repeat(1 << 20))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.len() < 200 && e.contains("(1048576 bytes)"),
+            "{}",
+            &e[..200]
+        );
     }
 
     #[test]

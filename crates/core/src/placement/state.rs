@@ -6,23 +6,34 @@ use super::model::{
 };
 use super::reject::Why;
 
-/// A set of GPU indices of one node.
+/// A set of GPU indices of one node: a 64-bit mask, so indexes are below
+/// [`MAX_GPUS_PER_NODE`]; a larger index is never a member (inserting it does nothing), so
+/// that no index can overflow the shift.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub struct GpuSet(pub u64);
+
+/// The bit of `index`, 0 beyond the mask.
+fn bit(index: usize) -> u64 {
+    if index < MAX_GPUS_PER_NODE {
+        1 << index
+    } else {
+        0
+    }
+}
 
 impl GpuSet {
     pub const EMPTY: GpuSet = GpuSet(0);
 
     pub fn single(index: usize) -> Self {
-        GpuSet(1 << index)
+        GpuSet(bit(index))
     }
 
     pub fn insert(&mut self, index: usize) {
-        self.0 |= 1 << index;
+        self.0 |= bit(index);
     }
 
     pub fn contains(self, index: usize) -> bool {
-        self.0 & (1 << index) != 0
+        self.0 & bit(index) != 0
     }
 
     pub fn len(self) -> u32 {
@@ -162,13 +173,12 @@ pub struct NodeState {
 }
 
 impl NodeState {
+    /// Panics on a node with more than [`MAX_GPUS_PER_NODE`] GPUs: a spec built from outside
+    /// input (the node annotation, a trace file) is checked first ([`NodeSpec::check_gpus`]).
     pub fn new(spec: NodeSpec) -> Self {
-        assert!(
-            spec.gpus.len() <= MAX_GPUS_PER_NODE,
-            "node {} has {} GPUs; at most {MAX_GPUS_PER_NODE} are supported",
-            spec.name,
-            spec.gpus.len()
-        );
+        if let Err(e) = spec.check_gpus() {
+            panic!("{e}");
+        }
         NodeState {
             cpu_free: spec.cpu_milli,
             memory_free: spec.memory_mib,
@@ -406,6 +416,26 @@ mod tests {
         assert_eq!(s.len(), 3);
         assert!(s.contains(3) && !s.contains(1));
         assert_eq!(lowest(s, 2).iter().collect::<Vec<_>>(), vec![0, 3]);
+    }
+
+    /// Hardening item 8: a GPU index beyond the 64-bit mask is never in a set (no shift
+    /// overflow), and a node with more than 64 GPUs is refused by `NodeSpec::check_gpus`.
+    #[test]
+    fn indexes_beyond_the_mask_are_not_members() {
+        let mut s = GpuSet::single(64);
+        assert!(s.is_empty());
+        s.insert(200);
+        assert!(s.is_empty() && !s.contains(64) && !s.contains(usize::MAX));
+        let big = NodeSpec::uniform("n", 1, 1, 65, 16000, "T4", ScheduleMode::CoreMem);
+        assert_eq!(
+            big.check_gpus().unwrap_err().to_string(),
+            "node n has 65 GPUs, at most 64 are supported"
+        );
+        assert!(
+            NodeSpec::uniform("n", 1, 1, 64, 1, "T4", ScheduleMode::CoreMem)
+                .check_gpus()
+                .is_ok()
+        );
     }
 
     #[test]

@@ -7,6 +7,12 @@ use std::collections::HashMap;
 use serde::{Deserialize, Serialize};
 
 use super::RequestError;
+use crate::echo::Echo;
+use crate::placement::model::MAX_GPUS_PER_NODE;
+
+/// The largest memory quota in MiB: one whose byte count still fits 64 bits (16 EiB), so that
+/// MiB → bytes never wraps.
+pub const MAX_MEMORY_MIB: u64 = u64::MAX >> 20;
 
 /// Container annotation the device plugin returns from `Allocate` for the memory resource:
 /// how many memory units kubelet accounted to the container.
@@ -47,8 +53,8 @@ impl std::fmt::Display for MemoryUnit {
 
 /// A memory unit name that is neither GiB nor MiB.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unit {0:?} is not GiB or MiB")]
-pub struct UnknownUnit(pub String);
+#[error("unit {0} is not GiB or MiB")]
+pub struct UnknownUnit(pub Echo);
 
 /// The one parser of memory-unit names (command lines; the config file's serde names are the
 /// same `GiB` / `MiB`): `GiB`, `Gi`, `MiB`, `Mi`, any case.
@@ -59,7 +65,7 @@ impl std::str::FromStr for MemoryUnit {
         match s.to_ascii_lowercase().as_str() {
             "gib" | "gi" => Ok(MemoryUnit::GiB),
             "mib" | "mi" => Ok(MemoryUnit::MiB),
-            _ => Err(UnknownUnit(s.to_string())),
+            _ => Err(UnknownUnit(Echo::new(s))),
         }
     }
 }
@@ -121,41 +127,86 @@ pub struct GpuQuantities {
 }
 
 impl GpuQuantities {
+    /// Memory in MiB. Exact for whatever [`parse_limits`] and [`parse_grant`] return (they
+    /// refuse more than [`MAX_MEMORY_MIB`]); saturates for quantities built by hand.
     pub fn memory_mib(&self, unit: MemoryUnit) -> u64 {
-        self.memory_units * unit.mib()
+        self.memory_units.saturating_mul(unit.mib())
+    }
+
+    /// The largest memory quantity, in units of `unit`, that the parsers accept.
+    pub fn max_memory_units(unit: MemoryUnit) -> u64 {
+        MAX_MEMORY_MIB / unit.mib()
     }
 }
 
 /// The one parser of memory sizes on command lines (`gpushare run --memory`): a positive
-/// integer and a [`MemoryUnit`] name (`2GiB`, `2048MiB`, `2 Gi`); MiB. `field` names the
-/// flag in the error.
+/// integer and a [`MemoryUnit`] name (`2GiB`, `2048MiB`, `2 Gi`), at most [`MAX_MEMORY_MIB`];
+/// MiB. `field` names the flag in the error.
 pub fn parse_memory_mib(field: &str, raw: &str) -> Result<u64, RequestError> {
+    const EXPECTED: &str = "a memory size like 2GiB or 2048MiB";
     let bad = || RequestError::NotAMemorySize {
         field: field.to_string(),
-        value: raw.to_string(),
+        value: Echo::new(raw),
     };
-    let text = raw.trim();
-    let split = text.find(|c: char| !c.is_ascii_digit()).ok_or_else(bad)?;
-    let (number, unit) = text.split_at(split);
-    let number: u64 = number.parse().map_err(|_| bad())?;
-    let unit: MemoryUnit = unit.trim().parse().map_err(|_| bad())?;
+    if raw.trim() != raw {
+        return Err(RequestError::Whitespace {
+            field: field.to_string(),
+            value: Echo::new(raw),
+            expected: EXPECTED,
+        });
+    }
+    let split = raw.find(|c: char| !c.is_ascii_digit()).ok_or_else(bad)?;
+    let (number, unit) = raw.split_at(split);
+    if number.is_empty() {
+        return Err(bad());
+    }
+    let unit: MemoryUnit = unit.trim_start().parse().map_err(|_| bad())?;
+    let too_big = || RequestError::OutOfRange {
+        field: field.to_string(),
+        value: Echo::new(raw),
+        expected: format!("a memory size in [1, {MAX_MEMORY_MIB}] MiB"),
+    };
+    // All digits: a failed parse is an overflow.
+    let number: u64 = number.parse().map_err(|_| too_big())?;
     match number.checked_mul(unit.mib()) {
         Some(0) => Err(RequestError::NotPositive {
             field: field.to_string(),
             value: 0,
         }),
-        Some(mib) => Ok(mib),
-        None => Err(bad()),
+        Some(mib) if mib <= MAX_MEMORY_MIB => Ok(mib),
+        _ => Err(too_big()),
     }
 }
 
-fn parse_int(field: &str, raw: &str) -> Result<i64, RequestError> {
-    raw.trim()
-        .parse::<i64>()
-        .map_err(|_| RequestError::NotAnInteger {
+/// A decimal integer, exactly: no whitespace around it (`" 2"` is refused, naming the value),
+/// an optional sign, digits only. Digits that do not fit `i64` are out of range; `range` is
+/// what the field takes, for that message (the caller checks the range itself).
+fn parse_int(field: &str, raw: &str, range: (i64, i64)) -> Result<i64, RequestError> {
+    if raw.trim() != raw {
+        return Err(RequestError::Whitespace {
             field: field.to_string(),
-            value: raw.to_string(),
-        })
+            value: Echo::new(raw),
+            expected: "an integer",
+        });
+    }
+    let digits = raw.strip_prefix(['-', '+']).unwrap_or(raw);
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(RequestError::NotAnInteger {
+            field: field.to_string(),
+            value: Echo::new(raw),
+        });
+    }
+    // All digits: a failed parse is an overflow.
+    raw.parse::<i64>()
+        .map_err(|_| out_of_range(field, raw, range))
+}
+
+fn out_of_range(field: &str, raw: &str, (lo, hi): (i64, i64)) -> RequestError {
+    RequestError::OutOfRange {
+        field: field.to_string(),
+        value: Echo::new(raw),
+        expected: format!("an integer in [{lo}, {hi}]"),
+    }
 }
 
 /// Parses a container's resource limits (as the API server stores them: decimal strings).
@@ -196,14 +247,20 @@ fn parse_quantities(
     if mem.is_none() && core.is_none() && count.is_none() {
         return Ok(None);
     }
+    let max_units =
+        i64::try_from(GpuQuantities::max_memory_units(names.memory_unit)).unwrap_or(i64::MAX);
     let memory_units = match mem {
         Some(raw) => {
-            let v = parse_int(&names.memory, raw)?;
+            let v = parse_int(&names.memory, raw, (1, max_units))?;
             if v <= 0 {
                 return Err(RequestError::NotPositive {
                     field: names.memory.clone(),
                     value: v,
                 });
+            }
+            // Beyond it, MiB or bytes would not fit 64 bits.
+            if v > max_units {
+                return Err(out_of_range(&names.memory, raw, (1, max_units)));
             }
             v as u64
         }
@@ -216,16 +273,23 @@ fn parse_quantities(
         }
     };
     let core_percent = core
-        .map(|raw| parse_int(&names.core, raw).and_then(|v| validate_core_percent(&names.core, v)))
+        .map(|raw| {
+            parse_int(&names.core, raw, (5, 100))
+                .and_then(|v| validate_core_percent(&names.core, v))
+        })
         .transpose()?;
     let count = count
         .map(|raw| {
-            let v = parse_int(&names.count, raw)?;
+            let range = (1, MAX_GPUS_PER_NODE as i64);
+            let v = parse_int(&names.count, raw, range)?;
             if v <= 0 {
                 Err(RequestError::NotPositive {
                     field: names.count.clone(),
                     value: v,
                 })
+            } else if v > range.1 {
+                // No node has more GPUs (and `as u32` must not truncate).
+                Err(out_of_range(&names.count, raw, range))
             } else {
                 Ok(v as u32)
             }
@@ -328,19 +392,11 @@ mod tests {
             ("2048MiB", 2048),
             ("1Gi", 1024),
             ("512mi", 512),
-            (" 3 GiB ", 3072),
+            ("3 GiB", 3072),
         ] {
             assert_eq!(parse_memory_mib("--memory", raw).unwrap(), mib, "{raw}");
         }
-        for raw in [
-            "2",
-            "GiB",
-            "2GB",
-            "2.5GiB",
-            "-1GiB",
-            "",
-            "99999999999999999999GiB",
-        ] {
+        for raw in ["2", "GiB", "2GB", "2.5GiB", "-1GiB", ""] {
             let e = parse_memory_mib("--memory", raw).unwrap_err();
             assert_eq!(
                 e.to_string(),
@@ -349,5 +405,96 @@ mod tests {
         }
         let e = parse_memory_mib("--memory", "0GiB").unwrap_err();
         assert_eq!(e.to_string(), "--memory 0 must be positive");
+    }
+
+    fn grant_err(kv: &[(&str, &str)]) -> String {
+        parse_grant(&map(kv), &ResourceNames::default())
+            .unwrap_err()
+            .to_string()
+    }
+
+    /// Hardening item 5: an integer too large for its field is out of range, with the range
+    /// (not "not an integer"), and a count that does not fit is not truncated.
+    #[test]
+    fn overflowing_quantities_are_out_of_range() {
+        assert_eq!(
+            grant_err(&[(GRANTED_MEM_ANNOTATION, "99999999999999999999")]),
+            "aliyun.com/gpu-mem \"99999999999999999999\" is out of range: expected an integer in [1, 17179869183]"
+        );
+        assert_eq!(
+            grant_err(&[
+                (GRANTED_MEM_ANNOTATION, "1"),
+                (GRANTED_CORE_ANNOTATION, "-99999999999999999999")
+            ]),
+            "aliyun.com/gpu-core.percentage \"-99999999999999999999\" is out of range: expected an integer in [5, 100]"
+        );
+        assert_eq!(
+            grant_err(&[
+                (GRANTED_MEM_ANNOTATION, "1"),
+                (GRANTED_COUNT_ANNOTATION, "4294967297")
+            ]),
+            "aliyun.com/gpu-count \"4294967297\" is out of range: expected an integer in [1, 64]"
+        );
+        assert_eq!(
+            parse_memory_mib("--memory", "99999999999999999999GiB")
+                .unwrap_err()
+                .to_string(),
+            "--memory \"99999999999999999999GiB\" is out of range: expected a memory size in [1, 17592186044415] MiB"
+        );
+    }
+
+    /// Hardening item 6: leading or trailing whitespace is refused, naming the value.
+    #[test]
+    fn whitespace_around_a_quantity_is_refused() {
+        for raw in [" 2", "2 ", "\t2", "2\n"] {
+            assert_eq!(
+                grant_err(&[(GRANTED_MEM_ANNOTATION, raw)]),
+                format!(
+                    "aliyun.com/gpu-mem {raw:?} has leading or trailing whitespace: expected an integer"
+                ),
+            );
+        }
+        assert_eq!(
+            grant_err(&[
+                (GRANTED_MEM_ANNOTATION, "2"),
+                (GRANTED_CORE_ANNOTATION, "30 ")
+            ]),
+            "aliyun.com/gpu-core.percentage \"30 \" has leading or trailing whitespace: expected an integer"
+        );
+        let names = ResourceNames::default();
+        let e = parse_limits(&map(&[("aliyun.com/gpu-mem", " 2")]), &names).unwrap_err();
+        assert!(e.to_string().contains("whitespace"), "{e}");
+        assert_eq!(
+            parse_memory_mib("--memory", " 3GiB")
+                .unwrap_err()
+                .to_string(),
+            "--memory \" 3GiB\" has leading or trailing whitespace: expected a memory size like 2GiB or 2048MiB"
+        );
+    }
+
+    /// Hardening item 7: memory in units × the unit, and MiB × 2^20, cannot wrap: a grant whose
+    /// MiB or bytes do not fit 64 bits is refused.
+    #[test]
+    fn memory_that_overflows_in_mib_or_bytes_is_refused() {
+        // 2^54 GiB: fits i64, ×1024 does not fit u64.
+        assert_eq!(
+            grant_err(&[(GRANTED_MEM_ANNOTATION, "18014398509481984")]),
+            "aliyun.com/gpu-mem \"18014398509481984\" is out of range: expected an integer in [1, 17179869183]"
+        );
+        // The largest accepted grant, in MiB and in bytes, fits.
+        let g = parse_grant(
+            &map(&[(GRANTED_MEM_ANNOTATION, "17179869183")]),
+            &ResourceNames::default(),
+        )
+        .unwrap()
+        .unwrap();
+        let mib = g.memory_mib(MemoryUnit::GiB);
+        assert!(mib.checked_mul(1 << 20).is_some(), "{mib}");
+        // Built by hand beyond what the parser accepts: saturates, never wraps.
+        let q = GpuQuantities {
+            memory_units: u64::MAX,
+            ..Default::default()
+        };
+        assert_eq!(q.memory_mib(MemoryUnit::GiB), u64::MAX);
     }
 }

@@ -13,63 +13,95 @@ use std::collections::{BTreeSet, HashMap};
 use serde::Serialize;
 
 pub use assignment::{ASSIGNMENT_ANNOTATION, ASSIGNMENT_VERSION, Assignment, GpuShare};
+
+/// The most bytes all of a Kubernetes object's annotations may take together
+/// (`TotalAnnotationSizeLimitB`): an annotation value longer than this cannot come from the
+/// API server, and is refused before it is parsed.
+pub const MAX_ANNOTATION_BYTES: usize = 256 * 1024;
 pub use limits::{
-    GpuQuantities, MemoryUnit, ResourceNames, parse_memory_mib, validate_core_percent,
+    GpuQuantities, MAX_MEMORY_MIB, MemoryUnit, ResourceNames, parse_memory_mib,
+    validate_core_percent,
 };
 
+use crate::echo::Echo;
 use crate::inventory::Inventory;
+use crate::json::SchemaError;
 
 /// Why a request is refused. Messages reach `crictl create` / kubelet events verbatim.
+///
+/// Values that came from outside (annotation and limit values, container names, UUIDs) are
+/// held as [`Echo`]s: shown whole when short, else cut with their length.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RequestError {
     #[error("{field} {value} is not in [5, 100]")]
     CoreOutOfRange { field: String, value: i64 },
     #[error("{field} {value} is not a multiple of 5")]
     CoreNotMultipleOf5 { field: String, value: i64 },
-    #[error("{field} {value:?} is not an integer")]
-    NotAnInteger { field: String, value: String },
+    #[error("{field} {value} is not an integer")]
+    NotAnInteger { field: String, value: Echo },
+    #[error("{field} {value} has leading or trailing whitespace: expected {expected}")]
+    Whitespace {
+        field: String,
+        value: Echo,
+        expected: &'static str,
+    },
+    #[error("{field} {value} is out of range: expected {expected}")]
+    OutOfRange {
+        field: String,
+        value: Echo,
+        expected: String,
+    },
     #[error("{field} {value} must be positive")]
     NotPositive { field: String, value: i64 },
-    #[error("{field} {value:?} is not a memory size like 2GiB or 2048MiB")]
-    NotAMemorySize { field: String, value: String },
+    #[error("{field} {value} is not a memory size like 2GiB or 2048MiB")]
+    NotAMemorySize { field: String, value: Echo },
     #[error("{core_field} is requested without {memory_field}")]
     CoreWithoutMemory {
         core_field: String,
         memory_field: String,
     },
+    /// Larger than Kubernetes lets all of an object's annotations be.
+    #[error(
+        "gpushare.io/assignment is {len} bytes, more than the {MAX_ANNOTATION_BYTES} bytes Kubernetes allows for all of an object's annotations"
+    )]
+    AssignmentTooLarge { len: usize },
+    /// Not JSON at all (a syntax error).
     #[error("gpushare.io/assignment is not valid JSON: {reason}")]
     MalformedAssignment { reason: String },
+    /// JSON, but a field is not what the schema takes (the path names it).
+    #[error("gpushare.io/assignment {0}")]
+    AssignmentSchema(SchemaError),
     #[error(
         "gpushare.io/assignment version {value} is not supported (this node reads version {supported})"
     )]
     UnsupportedVersion { value: u32, supported: u32 },
     #[error(
-        "container {container:?} was granted {memory_field}={units} but the pod has no gpushare.io/assignment annotation (not placed by the gpushare scheduler?)"
+        "container {container} was granted {memory_field}={units} but the pod has no gpushare.io/assignment annotation (not placed by the gpushare scheduler?)"
     )]
     MissingAssignment {
-        container: String,
+        container: Echo,
         memory_field: String,
         units: u64,
     },
-    #[error("gpushare.io/assignment has no entry for container {container:?}")]
-    NoEntryForContainer { container: String },
-    #[error("gpushare.io/assignment entry for container {container:?} lists no GPU")]
-    EmptyEntry { container: String },
+    #[error("gpushare.io/assignment has no entry for container {container}")]
+    NoEntryForContainer { container: Echo },
+    #[error("gpushare.io/assignment entry for container {container} lists no GPU")]
+    EmptyEntry { container: Echo },
     #[error(
-        "gpushare.io/assignment assigns GPU {gpu_index} to container {container:?} but kubelet granted it no {memory_field} (container annotation gpushare.io/granted-mem is missing)"
+        "gpushare.io/assignment assigns GPU {gpu_index} to container {container} but kubelet granted it no {memory_field} (container annotation gpushare.io/granted-mem is missing)"
     )]
     NotGranted {
-        container: String,
+        container: Echo,
         gpu_index: u32,
         memory_field: String,
     },
     #[error("gpushare.io/assignment gpuIndex {value} does not exist on this node ({available})")]
     NoSuchGpu { value: u32, available: String },
-    #[error("gpushare.io/assignment gpuIndex {index} appears twice for container {container:?}")]
-    DuplicateGpu { container: String, index: u32 },
+    #[error("gpushare.io/assignment gpuIndex {index} appears twice for container {container}")]
+    DuplicateGpu { container: Echo, index: u32 },
     #[error("gpushare.io/assignment gpuUuid {value} does not match GPU {index} ({actual})")]
     UuidMismatch {
-        value: String,
+        value: Echo,
         index: u32,
         actual: String,
     },
@@ -84,33 +116,50 @@ pub enum RequestError {
         gpu_mib: u64,
     },
     #[error(
-        "gpushare.io/assignment gives container {container:?} {assigned_mib} MiB but kubelet granted {memory_field}={units} ({granted_mib} MiB)"
+        "gpushare.io/assignment gives container {container} {assigned_mib} MiB but kubelet granted {memory_field}={units} ({granted_mib} MiB)"
     )]
     MemoryMismatch {
-        container: String,
+        container: Echo,
         assigned_mib: u64,
         memory_field: String,
         units: u64,
         granted_mib: u64,
     },
     #[error(
-        "gpushare.io/assignment gives container {container:?} corePercent {assigned} but kubelet granted {core_field}={granted}"
+        "gpushare.io/assignment gives container {container} corePercent {assigned} but kubelet granted {core_field}={granted}"
     )]
     CoreMismatch {
-        container: String,
+        container: Echo,
         assigned: String,
         core_field: String,
         granted: String,
     },
     #[error(
-        "gpushare.io/assignment gives container {container:?} {assigned} GPUs but kubelet granted {count_field}={granted}"
+        "gpushare.io/assignment gives container {container} {assigned} GPUs but kubelet granted {count_field}={granted}"
     )]
     CountMismatch {
-        container: String,
+        container: Echo,
         assigned: usize,
         count_field: String,
         granted: u32,
     },
+    #[error(
+        "gpushare.io/assignment spreads container {container} over {assigned} GPUs but kubelet granted no {count_field}: without a count a container gets exactly one GPU"
+    )]
+    SpreadWithoutCount {
+        container: Echo,
+        assigned: usize,
+        count_field: String,
+    },
+    /// Values that are each in range add up to more than 64 bits hold.
+    #[error("{what} adds up to more than {max}")]
+    SumTooLarge { what: String, max: u64 },
+}
+
+impl From<SchemaError> for RequestError {
+    fn from(e: SchemaError) -> Self {
+        RequestError::AssignmentSchema(e)
+    }
 }
 
 /// How strictly the node checks requests.
@@ -150,8 +199,12 @@ pub struct ContainerRequest {
 }
 
 impl ContainerRequest {
+    /// Memory over all its GPUs; saturates (each share is at most a GPU's memory, so a real
+    /// request never comes near).
     pub fn memory_mib(&self) -> u64 {
-        self.gpus.iter().map(|g| g.memory_mib).sum()
+        self.gpus
+            .iter()
+            .fold(0u64, |acc, g| acc.saturating_add(g.memory_mib))
     }
 }
 
@@ -171,7 +224,7 @@ pub fn container_request(
         (None, None) => return Ok(None),
         (Some(g), None) => {
             return Err(RequestError::MissingAssignment {
-                container: container.to_string(),
+                container: Echo::new(container),
                 memory_field: names.memory.clone(),
                 units: g.memory_units,
             });
@@ -184,13 +237,13 @@ pub fn container_request(
             // The pod has GPU containers, this one is not among them.
             None => Ok(None),
             Some(_) => Err(RequestError::NoEntryForContainer {
-                container: container.to_string(),
+                container: Echo::new(container),
             }),
         };
     };
     if shares.is_empty() {
         return Err(RequestError::EmptyEntry {
-            container: container.to_string(),
+            container: Echo::new(container),
         });
     }
     let mut gpus = Vec::with_capacity(shares.len());
@@ -204,13 +257,13 @@ pub fn container_request(
         };
         if !seen.insert(share.gpu_index) {
             return Err(RequestError::DuplicateGpu {
-                container: container.to_string(),
+                container: Echo::new(container),
                 index: share.gpu_index,
             });
         }
         if !share.gpu_uuid.is_empty() && share.gpu_uuid != gpu.uuid {
             return Err(RequestError::UuidMismatch {
-                value: share.gpu_uuid.clone(),
+                value: Echo::new(&share.gpu_uuid),
                 index: gpu.index,
                 actual: gpu.uuid.clone(),
             });
@@ -243,7 +296,7 @@ pub fn container_request(
         Some(g) => cross_check(container, &request, &g, names)?,
         None if rules.require_grant => {
             return Err(RequestError::NotGranted {
-                container: container.to_string(),
+                container: Echo::new(container),
                 gpu_index: request.gpus[0].index,
                 memory_field: names.memory.clone(),
             });
@@ -262,35 +315,57 @@ fn cross_check(
     names: &ResourceNames,
 ) -> Result<(), RequestError> {
     let granted_mib = grant.memory_mib(names.memory_unit);
-    if req.memory_mib() != granted_mib {
+    let assigned_mib = req
+        .gpus
+        .iter()
+        .try_fold(0u64, |acc, g| acc.checked_add(g.memory_mib))
+        .ok_or_else(|| RequestError::SumTooLarge {
+            what: format!(
+                "gpushare.io/assignment memoryMiB of container {}",
+                Echo::new(container)
+            ),
+            max: u64::MAX,
+        })?;
+    if assigned_mib != granted_mib {
         return Err(RequestError::MemoryMismatch {
-            container: container.to_string(),
-            assigned_mib: req.memory_mib(),
+            container: Echo::new(container),
+            assigned_mib,
             memory_field: names.memory.clone(),
             units: grant.memory_units,
             granted_mib,
         });
     }
+    // Each share is at most 100 and a container has at most 64: no u32 overflow, but checked
+    // all the same (a share built by hand is not bounded).
     let assigned_core: Option<u32> = req
         .gpus
         .iter()
         .map(|g| g.core_percent)
-        .try_fold(0u32, |acc, c| c.map(|c| acc + c));
+        .try_fold(0u32, |acc, c| c.map(|c| acc.saturating_add(c)));
     let any_core = req.gpus.iter().any(|g| g.core_percent.is_some());
     let fmt = |c: Option<u32>| c.map_or("none".to_string(), |c| c.to_string());
     if (any_core || grant.core_percent.is_some()) && assigned_core != grant.core_percent {
         return Err(RequestError::CoreMismatch {
-            container: container.to_string(),
+            container: Echo::new(container),
             assigned: fmt(if any_core { assigned_core } else { None }),
             core_field: names.core.clone(),
             granted: fmt(grant.core_percent),
+        });
+    }
+    // Without a granted count a container holds exactly one GPU: 4 GiB / 20 % must not be
+    // spread over four GPUs at 1 GiB / 5 % each.
+    if grant.count.is_none() && req.gpus.len() != 1 {
+        return Err(RequestError::SpreadWithoutCount {
+            container: Echo::new(container),
+            assigned: req.gpus.len(),
+            count_field: names.count.clone(),
         });
     }
     if let Some(count) = grant.count
         && count as usize != req.gpus.len()
     {
         return Err(RequestError::CountMismatch {
-            container: container.to_string(),
+            container: Echo::new(container),
             assigned: req.gpus.len(),
             count_field: names.count.clone(),
             granted: count,
@@ -360,6 +435,24 @@ mod tests {
     }
 
     #[test]
+    fn a_grant_without_a_count_is_one_gpu_not_a_spread() {
+        // 4 GiB / 20 % granted, spread over four GPUs at 1 GiB / 5 % each: refused.
+        let spread = r#"{"version":1,"containers":{"main":[{"gpuIndex":0,"memoryMiB":1024,"corePercent":5},{"gpuIndex":1,"memoryMiB":1024,"corePercent":5},{"gpuIndex":2,"memoryMiB":1024,"corePercent":5},{"gpuIndex":3,"memoryMiB":1024,"corePercent":5}]}}"#;
+        let e = req(spread, granted("4", Some("20"))).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "gpushare.io/assignment spreads container \"main\" over 4 GPUs but kubelet granted no aliyun.com/gpu-count: without a count a container gets exactly one GPU"
+        );
+        // With the count granted it is what kubelet accounted.
+        let mut g = granted("4", Some("20"));
+        g.insert(
+            super::limits::GRANTED_COUNT_ANNOTATION.to_string(),
+            "4".to_string(),
+        );
+        assert_eq!(req(spread, g).unwrap().unwrap().gpus.len(), 4);
+    }
+
+    #[test]
     fn no_gpu_request_is_untouched() {
         let none = container_request(
             &HashMap::new(),
@@ -396,7 +489,7 @@ mod tests {
             (one(1, 2048, ""), HashMap::new(), "granted it no aliyun.com/gpu-mem"),
             (r#"{"version":1,"containers":{"other":[]}}"#.to_string(), granted("2", None), "no entry for container \"main\""),
             (r#"{"version":1,"containers":{"main":[]}}"#.to_string(), granted("2", None), "lists no GPU"),
-            (r#"{"version":1,"containers":{"main":[{"gpuIndex":1,"gpuUuid":"GPU-bogus","memoryMiB":2048}]}}"#.to_string(), granted("2", None), "gpuUuid GPU-bogus does not match GPU 1"),
+            (r#"{"version":1,"containers":{"main":[{"gpuIndex":1,"gpuUuid":"GPU-bogus","memoryMiB":2048}]}}"#.to_string(), granted("2", None), "gpuUuid \"GPU-bogus\" does not match GPU 1"),
         ];
         for (ann, ctr, want) in cases {
             let e = req(&ann, ctr).unwrap_err();
@@ -415,6 +508,60 @@ mod tests {
                 .contains("granted aliyun.com/gpu-mem=2 but the pod has no gpushare.io/assignment"),
             "{e}"
         );
+    }
+
+    /// Hardening item 1: a refusal shows an outside value cut to a prefix and its length.
+    #[test]
+    fn refusals_echo_long_values_cut() {
+        let big = "a".repeat(1 << 20);
+        let cut = format!("\"{}…\" (1048576 bytes)", "a".repeat(64));
+        let e = req(&one(1, 2048, ""), granted(&big, None))
+            .unwrap_err()
+            .to_string();
+        assert_eq!(e, format!("aliyun.com/gpu-mem {cut} is not an integer"));
+        // Inside an annotation: under the 256 KiB Kubernetes allows.
+        let mid = "a".repeat(200 << 10);
+        let mid_cut = format!("\"{}…\" (204800 bytes)", "a".repeat(64));
+        let ann = format!(
+            r#"{{"version":1,"containers":{{"main":[{{"gpuIndex":1,"gpuUuid":"{mid}","memoryMiB":2048}}]}}}}"#
+        );
+        let e = req(&ann, granted("2", None)).unwrap_err().to_string();
+        assert!(e.len() < 200, "{} bytes: {}", e.len(), &e[..200]);
+        assert!(
+            e.starts_with(&format!(
+                "gpushare.io/assignment gpuUuid {mid_cut} does not match GPU 1"
+            )),
+            "{e}"
+        );
+        let e = container_request(
+            &pod(&one(1, 2048, "")),
+            &big,
+            &granted("2", None),
+            &inv(),
+            &RequestRules::default(),
+        )
+        .unwrap_err()
+        .to_string();
+        assert_eq!(
+            e,
+            format!("gpushare.io/assignment has no entry for container {cut}")
+        );
+        let ann = format!(
+            r#"{{"version":1,"containers":{{"main":[{{"gpuIndex":"{mid}","memoryMiB":2048}}]}}}}"#
+        );
+        let e = req(&ann, granted("2", None)).unwrap_err().to_string();
+        assert!(e.len() < 200, "{} bytes: {}", e.len(), &e[..200]);
+        let ann = format!(r#"{{"version":1,"containers":{{"{mid}":[]}}}}"#);
+        let e = container_request(
+            &pod(&ann),
+            &mid,
+            &granted("2", None),
+            &inv(),
+            &RequestRules::default(),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.len() < 200, "{} bytes: {}", e.len(), &e[..200]);
     }
 
     proptest! {

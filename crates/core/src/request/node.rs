@@ -14,6 +14,9 @@
 use serde::{Deserialize, Serialize};
 
 use crate::inventory::Inventory;
+use crate::json::{self, Json, Path, SchemaError};
+use crate::placement::model::MAX_GPUS_PER_NODE;
+use crate::request::{MAX_ANNOTATION_BYTES, MAX_MEMORY_MIB};
 
 /// Node annotation carrying the GPU inventory.
 pub const NODE_GPUS_ANNOTATION: &str = "gpushare.io/gpus";
@@ -47,6 +50,43 @@ fn healthy_default() -> bool {
     true
 }
 
+impl NodeGpu {
+    fn from_tree(v: &Json, path: &Path) -> Result<NodeGpu, SchemaError> {
+        let o = json::object(v, path, "a GPU: an object with index and memoryMiB")?;
+        let index = json::integer(
+            o.required(path, "index", "an integer in [0, 4294967295]")?,
+            &path.field("index"),
+            0,
+            u32::MAX.into(),
+        )? as u32;
+        let text = |key: &str| -> Result<String, SchemaError> {
+            match o.get(key) {
+                None => Ok(String::new()),
+                Some(v) => Ok(json::string(v, &path.field(key), "a string")?.to_string()),
+            }
+        };
+        let memory = format!("an integer in [0, {MAX_MEMORY_MIB}]");
+        let memory_mib = json::integer_as(
+            o.required(path, "memoryMiB", &memory)?,
+            &path.field("memoryMiB"),
+            0,
+            MAX_MEMORY_MIB.into(),
+            &memory,
+        )? as u64;
+        let healthy = match o.get("healthy") {
+            None => true,
+            Some(v) => json::boolean(v, &path.field("healthy"))?,
+        };
+        Ok(NodeGpu {
+            index,
+            uuid: text("uuid")?,
+            model: text("model")?,
+            memory_mib,
+            healthy,
+        })
+    }
+}
+
 /// The whole annotation.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NodeGpus {
@@ -56,14 +96,34 @@ pub struct NodeGpus {
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum NodeGpusError {
+    /// Larger than Kubernetes lets all of an object's annotations be.
+    #[error(
+        "node annotation gpushare.io/gpus is {0} bytes, more than the {MAX_ANNOTATION_BYTES} bytes Kubernetes allows for all of an object's annotations"
+    )]
+    TooLarge(usize),
+    /// Not JSON at all (a syntax error).
     #[error("node annotation gpushare.io/gpus is not valid JSON: {0}")]
     Malformed(String),
+    /// JSON, but a field is not what the schema takes (the path names it).
+    #[error("node annotation gpushare.io/gpus {0}")]
+    Schema(SchemaError),
     #[error(
         "node annotation gpushare.io/gpus version {0} is not supported (this build reads version 1)"
     )]
     Version(u32),
     #[error("node annotation gpushare.io/gpus lists GPU index {0} twice")]
     DuplicateIndex(u32),
+    /// GPU sets are 64-bit masks (the placement engine's [`MAX_GPUS_PER_NODE`]).
+    #[error(
+        "node annotation gpushare.io/gpus lists {0} GPUs, at most {MAX_GPUS_PER_NODE} are supported"
+    )]
+    TooManyGpus(usize),
+}
+
+impl From<SchemaError> for NodeGpusError {
+    fn from(e: SchemaError) -> Self {
+        NodeGpusError::Schema(e)
+    }
 }
 
 impl NodeGpus {
@@ -85,18 +145,45 @@ impl NodeGpus {
         }
     }
 
-    /// Parses and checks the annotation; GPUs come back ordered by index.
+    /// Parses and checks the annotation; GPUs come back ordered by index. Unknown fields
+    /// are ignored (a newer agent may publish more); keys given twice and more than
+    /// [`MAX_GPUS_PER_NODE`] GPUs are refused.
     pub fn parse(raw: &str) -> Result<Self, NodeGpusError> {
-        let mut v: NodeGpus =
-            serde_json::from_str(raw).map_err(|e| NodeGpusError::Malformed(e.to_string()))?;
-        if v.version != NODE_GPUS_VERSION {
-            return Err(NodeGpusError::Version(v.version));
+        if raw.len() > MAX_ANNOTATION_BYTES {
+            return Err(NodeGpusError::TooLarge(raw.len()));
         }
-        v.gpus.sort_by_key(|g| g.index);
-        if let Some(w) = v.gpus.windows(2).find(|w| w[0].index == w[1].index) {
+        let tree = json::parse(raw).map_err(|e| NodeGpusError::Malformed(e.0))?;
+        let root = Path::root();
+        let top = json::object(&tree, &root, "an object with version and gpus")?;
+        let version = json::integer_as(
+            top.required(&root, "version", "the integer 1")?,
+            &root.field("version"),
+            0,
+            u32::MAX.into(),
+            "the integer 1",
+        )? as u32;
+        if version != NODE_GPUS_VERSION {
+            return Err(NodeGpusError::Version(version));
+        }
+        let path = root.field("gpus");
+        let items = json::array(
+            top.required(&root, "gpus", "a list of GPUs")?,
+            &path,
+            "a list of GPUs",
+        )?;
+        if items.len() > MAX_GPUS_PER_NODE {
+            return Err(NodeGpusError::TooManyGpus(items.len()));
+        }
+        let mut gpus = items
+            .iter()
+            .enumerate()
+            .map(|(i, v)| NodeGpu::from_tree(v, &path.index(i)))
+            .collect::<Result<Vec<_>, _>>()?;
+        gpus.sort_by_key(|g| g.index);
+        if let Some(w) = gpus.windows(2).find(|w| w[0].index == w[1].index) {
             return Err(NodeGpusError::DuplicateIndex(w[0].index));
         }
-        Ok(v)
+        Ok(NodeGpus { version, gpus })
     }
 
     pub fn to_json(&self) -> String {
@@ -148,5 +235,58 @@ mod tests {
             NodeGpus::parse("nope"),
             Err(NodeGpusError::Malformed(_))
         ));
+    }
+
+    fn gpus(n: u32) -> String {
+        NodeGpus {
+            version: 1,
+            gpus: (0..n)
+                .map(|index| NodeGpu {
+                    index,
+                    uuid: format!("GPU-{index}"),
+                    model: "sim".into(),
+                    memory_mib: 15360,
+                    healthy: true,
+                })
+                .collect(),
+        }
+        .to_json()
+    }
+
+    /// Hardening item 8: GPU sets are 64-bit masks; a node annotation listing more than 64
+    /// GPUs is refused by the parser (the scheduler's engine used to panic on it).
+    #[test]
+    fn more_than_64_gpus_are_refused() {
+        assert_eq!(NodeGpus::parse(&gpus(64)).unwrap().gpus.len(), 64);
+        assert_eq!(
+            NodeGpus::parse(&gpus(65)).unwrap_err().to_string(),
+            "node annotation gpushare.io/gpus lists 65 GPUs, at most 64 are supported"
+        );
+    }
+
+    /// Hardening items 1, 2 and 4 for the node annotation: field paths, cut values, no
+    /// duplicate keys.
+    #[test]
+    fn schema_errors_name_the_field() {
+        let err = |raw: &str| NodeGpus::parse(raw).unwrap_err().to_string();
+        assert_eq!(
+            err(r#"{"version":1,"gpus":[{"index":0,"memoryMiB":"15360"}]}"#),
+            "node annotation gpushare.io/gpus gpus[0].memoryMiB is the string \"15360\": expected an integer in [0, 17592186044415]"
+        );
+        assert_eq!(
+            err(r#"{"version":1,"gpus":[{"index":0,"index":1,"memoryMiB":1}]}"#),
+            "node annotation gpushare.io/gpus gpus[0] has the key \"index\" twice"
+        );
+        let big = "x".repeat(200 << 10);
+        let e = err(&format!(
+            r#"{{"version":1,"gpus":[{{"index":0,"memoryMiB":1,"healthy":"{big}"}}]}}"#
+        ));
+        assert!(e.len() < 200 && e.contains("(204800 bytes)"), "{e}");
+        let e = err(&format!(r#"{{"version":1,"gpus":[]}}{big}{big}"#));
+        assert_eq!(
+            e,
+            "node annotation gpushare.io/gpus is 409623 bytes, more than the 262144 bytes Kubernetes allows for all of an object's annotations"
+        );
+        assert!(err("nope").starts_with("node annotation gpushare.io/gpus is not valid JSON: "));
     }
 }
