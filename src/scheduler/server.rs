@@ -76,7 +76,7 @@ pub enum BindRefusal {
         name: String,
         served: Vec<String>,
     },
-    #[error("bind request: {field} {value} is not a valid Kubernetes name")]
+    #[error("bind: {field} {value} is not a valid Kubernetes name")]
     BadName {
         field: &'static str,
         value: gpushare_core::echo::Echo,
@@ -335,12 +335,12 @@ impl Extender {
         args.check().map_err(BindRefusal::from)?;
         for (field, value, ok) in [
             (
-                "podNamespace",
+                "PodNamespace",
                 &args.pod_namespace,
                 is_dns_label(&args.pod_namespace),
             ),
-            ("podName", &args.pod_name, is_dns_subdomain(&args.pod_name)),
-            ("node", &args.node, is_dns_subdomain(&args.node)),
+            ("PodName", &args.pod_name, is_dns_subdomain(&args.pod_name)),
+            ("Node", &args.node, is_dns_subdomain(&args.node)),
         ] {
             if !ok {
                 return Err(BindRefusal::BadName {
@@ -839,14 +839,14 @@ mod tests {
                     pod_namespace: "Default".into(),
                     ..bind_g("a")
                 },
-                "bind request: podNamespace \"Default\" is not a valid Kubernetes name",
+                "bind: PodNamespace \"Default\" is not a valid Kubernetes name",
             ),
             (
                 ExtenderBindingArgs {
                     pod_name: "../x".into(),
                     ..bind_g("a")
                 },
-                "bind request: podName \"../x\" is not a valid Kubernetes name",
+                "bind: PodName \"../x\" is not a valid Kubernetes name",
             ),
             (
                 bind_g(&"n".repeat(300)),
@@ -854,7 +854,7 @@ mod tests {
             ),
             (
                 bind_g("Node_A"),
-                "bind request: node \"Node_A\" is not a valid Kubernetes name",
+                "bind: Node \"Node_A\" is not a valid Kubernetes name",
             ),
         ] {
             assert_eq!(ext.bind_inner(&args).await.unwrap_err().to_string(), want);
