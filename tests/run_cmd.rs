@@ -80,11 +80,15 @@ fn run(args: &[&str], state_dir: &Path) -> Output {
 /// A file the workspace build put beside the gpushare binary (`cargo build --workspace`), or
 /// in its `deps/` (`cargo test --workspace` builds the limiter and the fake driver there
 /// without copying them up); the probe binaries are always beside it.
+/// The newer of `target/<profile>/NAME` and `deps/NAME`: a copy left by an earlier
+/// `cargo build` must not shadow the one this `cargo test` just rebuilt.
 fn built(name: &str) -> std::path::PathBuf {
     let dir = Path::new(BIN).parent().unwrap();
     let found = [dir.join(name), dir.join("deps").join(name)]
         .into_iter()
-        .find(|p| p.exists());
+        .filter_map(|p| Some((std::fs::metadata(&p).ok()?.modified().ok()?, p)))
+        .max_by_key(|(modified, _)| *modified)
+        .map(|(_, p)| p);
     found.unwrap_or_else(|| {
         panic!(
             "{name} is not built in {}: run `cargo test --workspace` (or `cargo build --workspace`)",

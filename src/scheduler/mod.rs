@@ -165,10 +165,18 @@ mod tests {
                 }
             }
         }));
-        tokio::time::sleep(Duration::from_millis(1500)).await;
-        task.abort();
+        // Started again after its 1 s pause (bounded wait: the tests share the CPUs).
+        let t0 = std::time::Instant::now();
+        while runs.load(Ordering::SeqCst) < 2 && t0.elapsed() < Duration::from_secs(10) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
         assert!(runs.load(Ordering::SeqCst) >= 2, "not started again");
         assert!(ext.metrics.watch_restarts.load(Ordering::Relaxed) >= 1);
+        // Between runs the cache counts as unsynced.
+        while ext.synced_nodes.load(Ordering::Acquire) && t0.elapsed() < Duration::from_secs(10) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        task.abort();
         assert!(!ext.synced_nodes.load(Ordering::Acquire));
     }
 }
