@@ -23,6 +23,7 @@ use super::wire::{
 };
 use crate::kubeobjects::{PodKey, pod_key};
 use crate::metrics::{Kind, PromText};
+use gpushare_core::echo::{Echo, cut_message};
 use gpushare_core::request::ASSIGNMENT_ANNOTATION;
 use gpushare_core::request::node::{
     ACK_GPU_MEM_ASSIGNED, ACK_GPU_MEM_ASSUME_TIME, ACK_GPU_MEM_DEV, ACK_GPU_MEM_IDX,
@@ -32,14 +33,24 @@ use gpushare_core::request::node::{
 /// A boxed cause (the API client's error, or a stand-in's).
 pub type Cause = Box<dyn std::error::Error + Send + Sync>;
 
+/// A pod key as messages show it: cut (a bind request names the pod; names may be 253 bytes).
+fn shown(pod: &PodKey) -> Echo {
+    Echo::new(&pod.to_string())
+}
+
 /// A fault: the API server did not do what bind asked (the pod may well fit).
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
-    #[error("cannot read pod {pod}: {source}")]
+    #[error("cannot read pod {:#}: {}", shown(pod), cut_message(&source.to_string(), 200))]
     GetPod { pod: PodKey, source: Cause },
-    #[error("cannot annotate pod {pod}: {source}")]
+    #[error("cannot annotate pod {:#}: {}", shown(pod), cut_message(&source.to_string(), 200))]
     Annotate { pod: PodKey, source: Cause },
-    #[error("cannot bind pod {pod} to {node}: {source}")]
+    #[error(
+        "cannot bind pod {:#} to {:#}: {}",
+        shown(pod),
+        Echo::new(node),
+        cut_message(&source.to_string(), 200)
+    )]
     Bind {
         pod: PodKey,
         node: String,
@@ -62,27 +73,23 @@ impl ApiError {
 /// until something changes).
 #[derive(Debug, thiserror::Error)]
 pub enum BindRefusal {
-    #[error("pod {pod} has UID {uid}, the bind request names {requested}")]
+    #[error("pod {pod:#} has UID {uid:#}, the bind request names {requested:#}")]
     UidMismatch {
-        pod: String,
-        uid: String,
-        requested: String,
+        pod: Echo,
+        uid: Echo,
+        requested: Echo,
     },
-    #[error("pod {pod} is already bound to {node}")]
-    AlreadyBound { pod: String, node: String },
-    #[error("pod {pod} has schedulerName {name:?}; this extender binds pods of {served:?} only")]
-    OtherScheduler {
-        pod: String,
-        name: String,
-        served: Vec<String>,
-    },
+    #[error("pod {pod:#} is already bound to {node:#}")]
+    AlreadyBound { pod: Echo, node: Echo },
+    #[error("pod {pod:#} has schedulerName {name}; this extender binds pods of {served} only")]
+    OtherScheduler { pod: Echo, name: Echo, served: Echo },
     #[error("bind: {field} {value} is not a valid Kubernetes name")]
     BadName {
         field: &'static str,
         value: gpushare_core::echo::Echo,
     },
-    #[error("pod {pod}: a bind for it is already in progress")]
-    InProgress { pod: String },
+    #[error("pod {pod:#}: a bind for it is already in progress")]
+    InProgress { pod: Echo },
     #[error("gpushare scheduler: cache not synced with the API server yet")]
     NotSynced,
     #[error(transparent)]
@@ -366,7 +373,10 @@ impl Extender {
             .unwrap_or_else(|e| e.into_inner())
             .insert(slot.clone())
         {
-            return Err(BindRefusal::InProgress { pod: slot }.into());
+            return Err(BindRefusal::InProgress {
+                pod: Echo::new(&slot),
+            }
+            .into());
         }
         let _slot = BindSlot(self, slot);
         let node = &args.node;
@@ -378,25 +388,25 @@ impl Extender {
             .unwrap_or_else(|| "default-scheduler".into());
         if !self.scheduler_names.contains(&scheduler) {
             return Err(BindRefusal::OtherScheduler {
-                pod: key.to_string(),
-                name: scheduler,
-                served: self.scheduler_names.clone(),
+                pod: Echo::new(&key.to_string()),
+                name: Echo::new(&scheduler),
+                served: Echo::new(&self.scheduler_names.join(", ")),
             }
             .into());
         }
         let uid = pod.metadata.uid.clone().unwrap_or_default();
         if !args.pod_uid.is_empty() && uid != args.pod_uid {
             return Err(BindRefusal::UidMismatch {
-                pod: key.to_string(),
-                uid,
-                requested: args.pod_uid.clone(),
+                pod: shown(&key),
+                uid: Echo::new(&uid),
+                requested: Echo::new(&args.pod_uid),
             }
             .into());
         }
         if let Some(bound) = pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) {
             return Err(BindRefusal::AlreadyBound {
-                pod: key.to_string(),
-                node: bound.to_string(),
+                pod: shown(&key),
+                node: Echo::new(bound),
             }
             .into());
         }
@@ -707,6 +717,14 @@ mod tests {
         assert_eq!(ext.metrics.binds_failed.load(Ordering::Relaxed), 1);
         let r = ext.filter(&ExtenderArgs::default());
         assert_eq!(r.error, "filter: the request carries no Pod");
+        // Found by fuzzing: a 253-byte pod name and UID (each a possible Kubernetes name) made
+        // a 549-character refusal; names are shown cut.
+        let long = "u".repeat(253);
+        let mut a = args("p", &long);
+        a.pod_namespace = "n".repeat(253);
+        let e = ext.bind_inner(&a).await.unwrap_err().to_string();
+        assert!(e.len() < 300, "{} characters: {e}", e.len());
+        assert!(e.contains("(253 bytes)"), "{e}");
     }
 
     /// One GPU pod `default/g` (2 GiB, 30 %) with a scheduler name; `bind` waits for `gate`
@@ -865,7 +883,7 @@ mod tests {
         ext.synced_pods.store(true, Ordering::Release);
         assert_eq!(
             ext.bind_inner(&bind_g("a")).await.unwrap_err().to_string(),
-            "pod default/g has schedulerName \"other-scheduler\"; this extender binds pods of [\"default-scheduler\", \"gpushare-scheduler\"] only"
+            "pod default/g has schedulerName \"other-scheduler\"; this extender binds pods of \"default-scheduler, gpushare-scheduler\" only"
         );
         assert!(binder.patches.lock().unwrap().is_empty(), "nothing written");
     }
