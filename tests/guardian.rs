@@ -8,6 +8,10 @@ use std::time::{Duration, Instant};
 
 use gpushare::throttle::guardian::StateLock;
 
+/// One at a time: a process spawned by one test holds a copy of the other's lock descriptor
+/// between its fork and its exec (the descriptor is close-on-exec).
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 fn wait_exit(child: &mut std::process::Child, within: Duration) -> bool {
     let t0 = Instant::now();
     while t0.elapsed() < within {
@@ -23,6 +27,7 @@ fn wait_exit(child: &mut std::process::Child, within: Duration) -> bool {
 /// instant as the agent: it must ignore it, outlive the agent, and thaw.
 #[test]
 fn the_guardian_ignores_termination_signals_until_it_has_thawed() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let dir = tempfile::tempdir().unwrap();
     let cg = dir.path().join("cg");
     std::fs::create_dir(&cg).unwrap();
@@ -68,6 +73,7 @@ fn the_guardian_ignores_termination_signals_until_it_has_thawed() {
 
 #[test]
 fn one_agent_per_state_directory() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let dir = tempfile::tempdir().unwrap();
     let lock = StateLock::take(dir.path()).unwrap();
     let e = match StateLock::take(dir.path()) {
