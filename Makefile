@@ -76,7 +76,7 @@ e2e-k8s: build
 	@if [[ $$EUID -ne 0 && "$${CI:-}" != "true" ]]; then \
 		echo "SKIP e2e-k8s: needs root (kubelet, containerd, runc, CNI); run 'sudo make e2e-k8s'"; \
 	else \
-		bash tests/e2e/deps.sh && bash tests/e2e-k8s/run.sh; \
+		bash tests/e2e/deps.sh && bash tests/e2e-k8s/run.sh && bash tests/e2e-k8s/admission_check.sh; \
 	fi
 
 test: unit e2e e2e-chaos e2e-k8s

@@ -96,8 +96,31 @@ pub async fn run(sync: NodeSync, access: KubeAccess) {
     run_with_client(sync, client).await
 }
 
+/// The admission policies that narrow what a node agent and a pod may write; without them an
+/// agent's identity may edit every node, and pods may forge their assignment.
+pub const REQUIRED_POLICIES: [&str; 2] = ["gpushare-node-scope", "gpushare-pod-annotations"];
+
+/// Checks once that the admission policies are installed, loudly when they are not.
+pub async fn check_admission_policies(client: kube::Client) {
+    use k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicyBinding;
+    let api: Api<ValidatingAdmissionPolicyBinding> = Api::all(client);
+    for name in REQUIRED_POLICIES {
+        match api.get_opt(name).await {
+            Ok(Some(_)) => tracing::info!(policy = name, "admission policy installed"),
+            Ok(None) => tracing::error!(
+                policy = name,
+                "admission policy NOT installed: this agent's identity can edit every node, and pods can forge gpushare.io/assignment; kubectl apply -f install/admission-policy.yaml"
+            ),
+            Err(e) => {
+                tracing::warn!(policy = name, error = %e, "cannot check that the admission policy is installed")
+            }
+        }
+    }
+}
+
 /// Watches the node and keeps its annotation current; runs until the task is dropped.
 pub async fn run_with_client(mut sync: NodeSync, client: kube::Client) {
+    tokio::spawn(check_admission_policies(client.clone()));
     let name = sync.node_name.clone();
     let api: Api<Node> = Api::all(client);
     let mut nodes = kube::runtime::watcher::watch_object(api.clone(), &name)

@@ -203,6 +203,8 @@ rm -f "$ROOT/agent-state/sim/unhealthy"
 e2e_check "GPU 3 healthy again → node annotation says healthy: true" wait_for 60 "GPU 3 healthy" \
     bash -c "[[ \$($gpu3_health) == true ]]"
 e2e_require "… and allocatable gpu-mem is back to 60" wait_for 60 "gpu-mem 60" alloc_is gpu-mem 60
+e2e_check "the agent found the admission policies installed (log)" bash -c \
+    "grep -q 'admission policy installed.*gpushare-node-scope' '$ROOT/agent.log' && grep -q 'admission policy installed.*gpushare-pod-annotations' '$ROOT/agent.log'"
 e2e_require "gpushare scheduler (extender) starts and syncs" start_extender
 # The open door of issue 11.2, closed: without kube-scheduler's client certificate nobody gets
 # an answer, and a /bind in plain HTTP gets nothing either.
