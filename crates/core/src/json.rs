@@ -317,6 +317,31 @@ impl<'a> Object<'a> {
         })
     }
 
+    /// A field that must be present and be an integer in `[lo, hi]`; `expected` says so in
+    /// the error (missing, wrong type or out of range).
+    pub fn integer_field(
+        &self,
+        path: &Path,
+        key: &'static str,
+        lo: i128,
+        hi: i128,
+        expected: &str,
+    ) -> Result<i128, SchemaError> {
+        integer_as(
+            self.required(path, key, expected)?,
+            &path.field(key),
+            lo,
+            hi,
+            expected,
+        )
+    }
+
+    /// The `version` field of a versioned document; the caller compares it with the version
+    /// it knows, so that each document names its own error.
+    pub fn version(&self, path: &Path) -> Result<u32, SchemaError> {
+        Ok(self.integer_field(path, "version", 0, u32::MAX.into(), "the integer 1")? as u32)
+    }
+
     /// Refuses any key not in `known` (a typo must not silently drop a quota).
     pub fn deny_unknown(&self, path: &Path, known: &[&str]) -> Result<(), SchemaError> {
         match self

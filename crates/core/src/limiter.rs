@@ -146,13 +146,7 @@ impl LimitsFile {
         let root = Path::root();
         let top = json::object(&tree, &root, "an object with version and gpus")?;
         // The version first, so that a newer file says so rather than "unknown field".
-        let version = json::integer_as(
-            top.required(&root, "version", "the integer 1")?,
-            &root.field("version"),
-            0,
-            u32::MAX.into(),
-            "the integer 1",
-        )? as u32;
+        let version = top.version(&root)?;
         if version != LIMITS_VERSION {
             return Err(LimitsError::UnsupportedVersion(version));
         }

@@ -52,25 +52,14 @@ impl GpuShare {
             "a GPU share: an object with gpuIndex, memoryMiB and optionally gpuUuid, corePercent",
         )?;
         o.deny_unknown(path, &SHARE_FIELDS)?;
-        let gpu_index = json::integer_as(
-            o.required(path, "gpuIndex", GPU_INDEX)?,
-            &path.field("gpuIndex"),
-            0,
-            u32::MAX.into(),
-            GPU_INDEX,
-        )? as u32;
+        let gpu_index = o.integer_field(path, "gpuIndex", 0, u32::MAX.into(), GPU_INDEX)? as u32;
         let gpu_uuid = match o.get("gpuUuid") {
             None => String::new(),
             Some(v) => json::string(v, &path.field("gpuUuid"), "a GPU UUID string")?.to_string(),
         };
         let memory = memory_mib_expected();
-        let memory_mib = json::integer_as(
-            o.required(path, "memoryMiB", &memory)?,
-            &path.field("memoryMiB"),
-            1,
-            MAX_MEMORY_MIB.into(),
-            &memory,
-        )? as u64;
+        let memory_mib =
+            o.integer_field(path, "memoryMiB", 1, MAX_MEMORY_MIB.into(), &memory)? as u64;
         let core_percent = match o.get("corePercent") {
             None | Some(Json::Null) => None,
             Some(v) => {
@@ -129,13 +118,7 @@ impl Assignment {
         let root = Path::root();
         let top = json::object(tree, &root, "an object with version and containers")?;
         // The version first, so that a newer annotation says so rather than "unknown field".
-        let version = json::integer_as(
-            top.required(&root, "version", "the integer 1")?,
-            &root.field("version"),
-            0,
-            u32::MAX.into(),
-            "the integer 1",
-        )? as u32;
+        let version = top.version(&root)?;
         if version != ASSIGNMENT_VERSION {
             return Err(RequestError::UnsupportedVersion {
                 value: version,

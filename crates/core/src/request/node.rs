@@ -66,13 +66,8 @@ impl NodeGpu {
             }
         };
         let memory = format!("an integer in [0, {MAX_MEMORY_MIB}]");
-        let memory_mib = json::integer_as(
-            o.required(path, "memoryMiB", &memory)?,
-            &path.field("memoryMiB"),
-            0,
-            MAX_MEMORY_MIB.into(),
-            &memory,
-        )? as u64;
+        let memory_mib =
+            o.integer_field(path, "memoryMiB", 0, MAX_MEMORY_MIB.into(), &memory)? as u64;
         let healthy = match o.get("healthy") {
             None => true,
             Some(v) => json::boolean(v, &path.field("healthy"))?,
@@ -155,13 +150,7 @@ impl NodeGpus {
         let tree = json::parse(raw).map_err(|e| NodeGpusError::Malformed(e.0))?;
         let root = Path::root();
         let top = json::object(&tree, &root, "an object with version and gpus")?;
-        let version = json::integer_as(
-            top.required(&root, "version", "the integer 1")?,
-            &root.field("version"),
-            0,
-            u32::MAX.into(),
-            "the integer 1",
-        )? as u32;
+        let version = top.version(&root)?;
         if version != NODE_GPUS_VERSION {
             return Err(NodeGpusError::Version(version));
         }
