@@ -70,6 +70,8 @@ pub fn metrics(node: &Node) -> String {
     }
     m.family("gpushare_synchronize_total", Kind::Counter)
         .sample(&[], s.syncs.load(Ordering::Relaxed))
+        .family("gpushare_killed_unadjusted_containers_total", Kind::Counter)
+        .sample(&[], s.killed_unadjusted.load(Ordering::Relaxed))
         .family("gpushare_unaccounted_containers", Kind::Gauge)
         .sample(
             &[],

@@ -43,13 +43,30 @@ fn ctr(id: &str, pod: &str, granted_mem: Option<&str>, granted_core: Option<&str
         name: "main".into(),
         annotations,
         state: ContainerState::CONTAINER_RUNNING.into(),
+        // As the agent adjusts a GPU container: with the device nodes (all four here).
         linux: Some(LinuxContainer {
             cgroups_path: format!("/k8s/{id}"),
+            devices: (0..4)
+                .map(|minor| LinuxDevice {
+                    path: format!("/dev/nvidia{minor}"),
+                    type_: "c".into(),
+                    major: 195,
+                    minor,
+                    ..Default::default()
+                })
+                .collect(),
             ..Default::default()
         })
         .into(),
         ..Default::default()
     }
+}
+
+/// A GPU container as the runtime creates it when no agent is there to adjust it.
+fn unadjusted(id: &str, pod: &str, granted_mem: &str, granted_core: &str) -> Container {
+    let mut c = ctr(id, pod, Some(granted_mem), Some(granted_core));
+    c.linux.as_mut().unwrap().devices.clear();
+    c
 }
 
 fn assignment(gpu: u32, mem: u64, core: u32) -> String {
@@ -333,4 +350,83 @@ fn every_gpu_is_advertised_unhealthy_while_quotas_cannot_be_enforced() {
     // Quotas not enforced on this node (throttle off): the GPUs' own health only.
     let node = Node::new(AgentState::in_memory("test-node"));
     assert_eq!(node.advertised_unhealthy([2].into(), &all), [2].into());
+}
+
+/// A GPU container created while the agent was gone (the runtime skips a plugin that is not
+/// there, even mid-creation) has no device node and no limiter: at the resync it is killed,
+/// so that it is created again through the agent; where it cannot be killed it is
+/// unaccounted and keeps new GPU containers out.
+#[test]
+fn a_gpu_container_created_without_the_agent_is_killed_at_the_resync() {
+    use gpushare::nri::service::Handler;
+    use gpushare::throttle::controller::{ControllerLink, ThrottleStats};
+    use gpushare::throttle::fixture;
+    use std::os::unix::process::ExitStatusExt;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    let p1 = pod("p1", Some(assignment(1, 2048, 30)));
+    let sync = SynchronizeRequest {
+        pods: vec![p1.clone()],
+        containers: vec![unadjusted("c1", "p1", "2", "30")],
+        ..Default::default()
+    };
+    let p2 = pod("p2", Some(assignment(1, 1024, 10)));
+    let c2 = ctr("c2", "p2", Some("1"), Some("10"));
+
+    // No controller on this node: it cannot be killed, so it is unaccounted.
+    let node = Node::new(AgentState::in_memory("test-node"));
+    node.synchronize(&sync).unwrap();
+    assert_eq!(
+        node.unaccounted.lock().unwrap()["c1"],
+        "created without the agent's adjustment (no device node /dev/nvidia1) and cannot be killed: no throttling controller runs on this node"
+    );
+    let e = node.create_container(&p2, &c2).unwrap_err();
+    assert!(
+        e.message
+            .contains("cannot be accounted (container c1: created without the agent's adjustment"),
+        "{}",
+        e.message
+    );
+
+    // With one: every process of its cgroup gets SIGKILL, it is on the books as stopped, and
+    // new GPU containers are admitted.
+    let tmp = tempfile::tempdir().unwrap();
+    let fs = fixture::fake_v1(tmp.path(), &["k8s/c1"]);
+    let mut victim = std::process::Command::new("sleep")
+        .arg("60")
+        .spawn()
+        .unwrap();
+    fixture::put(
+        &tmp.path().join("freezer/k8s/c1/cgroup.procs"),
+        &format!("{}\n", victim.id()),
+    );
+    let node = Node::new(AgentState::in_memory("test-node"));
+    node.attach(
+        Arc::new(ThrottleStats::default()),
+        Arc::new(ControllerLink::new(fs)),
+        Arc::new(AtomicBool::new(true)),
+    );
+    node.synchronize(&sync).unwrap();
+    let status = victim.wait().unwrap();
+    assert_eq!(status.signal(), Some(9), "killed: {status:?}");
+    assert!(node.unaccounted.lock().unwrap().is_empty());
+    assert_eq!(node.stats.killed_unadjusted.load(Ordering::Relaxed), 1);
+    let rec = node.registry.get("c1").expect("on the books");
+    assert_eq!(rec.state, gpushare::registry::ContainerState::Stopped);
+    assert!(
+        gpushare::status::metrics(&node)
+            .contains("gpushare_killed_unadjusted_containers_total 1\n")
+    );
+    node.create_container(&p2, &c2).unwrap().expect("admitted");
+
+    // A container the agent adjusted is left alone.
+    let node = Node::new(AgentState::in_memory("test-node"));
+    node.synchronize(&SynchronizeRequest {
+        pods: vec![p1],
+        containers: vec![ctr("c1", "p1", Some("2"), Some("30"))],
+        ..Default::default()
+    })
+    .unwrap();
+    assert!(node.unaccounted.lock().unwrap().is_empty());
+    assert_eq!(node.stats.killed_unadjusted.load(Ordering::Relaxed), 0);
 }

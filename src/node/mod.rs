@@ -350,6 +350,8 @@ pub struct Stats {
     /// Containers granted no GPU whose GPU-selecting environment was neutralized.
     pub creates_neutralized: AtomicU64,
     pub creates_refused: AtomicU64,
+    /// GPU containers found at a resync without the agent's adjustment, and killed.
+    pub killed_unadjusted: AtomicU64,
     pub syncs: AtomicU64,
     pub connected: AtomicBool,
     /// The registry was rebuilt from the runtime's Synchronize since the last connection.
@@ -639,6 +641,34 @@ impl Node {
 }
 
 impl Node {
+    /// A GPU container found at a resync without its adjustment (`missing` says what it
+    /// lacks): killed, so that it is created again — through this agent — by whoever restarts
+    /// it (kubelet). Killed, it is on the books as stopped (the runtime reports its exit as a
+    /// StopContainer soon after) and holds no share; if it cannot be killed (no
+    /// controller here, or the kill fails) it stays on the books as unaccounted, and new GPU
+    /// containers are refused until it is gone.
+    fn kill_unadjusted(&self, rec: &mut ContainerRecord, missing: &str) {
+        let outcome = match self.throttle.get() {
+            Some(a) => a.link.kill(&rec.id, &rec.cgroups_path),
+            None => Err("no throttling controller runs on this node".into()),
+        };
+        let pod = format!("{}/{}", rec.pod_namespace, rec.pod_name);
+        match outcome {
+            Ok(signalled) => {
+                rec.state = ContainerState::Stopped;
+                self.stats.killed_unadjusted.fetch_add(1, Ordering::Relaxed);
+                tracing::error!(%pod, container = %rec.container_name, id = %rec.id, %missing, signalled, "GPU container created without this agent's adjustment: killed, to be created again through the agent");
+            }
+            Err(why) => {
+                tracing::error!(%pod, container = %rec.container_name, id = %rec.id, %missing, error = %why, "GPU container created without this agent's adjustment cannot be killed; refusing new GPU containers until it is gone");
+                self.sync_unaccounted.lock().expect("sync lock").insert(
+                    rec.id.clone(),
+                    format!("created without the agent's adjustment ({missing}) and cannot be killed: {why}"),
+                );
+            }
+        }
+    }
+
     /// A container granted no GPU: passed through unchanged, unless its environment would
     /// make a runtime that reads it (nvidia-container-runtime) give it GPUs.
     fn no_gpu(&self, ctr: &Container) -> Option<ContainerAdjustment> {
@@ -658,6 +688,32 @@ impl Node {
             }
         }
     }
+}
+
+/// What a GPU container lacks of the adjustment this agent gives every GPU container it
+/// admits (`None`: it has it): the device node of each GPU it was assigned. A pod cannot
+/// add device nodes itself, so a GPU container without them was created while no agent was
+/// there to adjust it — the runtime skips a plugin that is gone, even in the middle of a
+/// creation — and runs without its limiter (and, on a runtime that reads
+/// `NVIDIA_VISIBLE_DEVICES` from the image, maybe with every GPU).
+fn missing_adjustment(
+    state: &AgentState,
+    ctr: &Container,
+    rec: &ContainerRecord,
+) -> Option<String> {
+    let has: std::collections::HashSet<&str> = ctr
+        .linux
+        .as_ref()
+        .map(|l| l.devices.iter().map(|d| d.path.as_str()).collect())
+        .unwrap_or_default();
+    let missing: Vec<&str> = rec
+        .gpus
+        .iter()
+        .filter_map(|g| state.devices.gpus.get(&g.minor))
+        .map(|node| node.path.as_str())
+        .filter(|path| !has.contains(path))
+        .collect();
+    (!missing.is_empty()).then(|| format!("no device node {}", missing.join(", ")))
 }
 
 fn has_gpu_hint(pod: &PodSandbox, ctr: &Container) -> bool {
@@ -716,7 +772,15 @@ impl Handler for Node {
                 &state.inventory,
                 &state.rules,
             ) {
-                Ok(Some(req)) => buf.push(Node::record(pod, ctr, req)),
+                Ok(Some(req)) => {
+                    let mut rec = Node::record(pod, ctr, req);
+                    if rec.state != ContainerState::Stopped
+                        && let Some(missing) = missing_adjustment(&state, ctr, &rec)
+                    {
+                        self.kill_unadjusted(&mut rec, &missing);
+                    }
+                    buf.push(rec)
+                }
                 Ok(None) => {}
                 // Created before a config change, say; it keeps running and holds GPU
                 // memory and time we cannot account: it stays on the books as

@@ -449,6 +449,23 @@ impl ContainerCgroup {
         Ok(true)
     }
 
+    /// Sends SIGKILL to every process of this cgroup (not of sub-cgroups), each through
+    /// [`Self::kill_member`]. Returns how many were signalled; a cgroup that is gone has none.
+    pub fn kill_all(&self) -> std::io::Result<usize> {
+        let pids = match self.pids() {
+            Ok(p) => p,
+            Err(CgroupError::NotFound { .. }) => return Ok(0),
+            Err(e) => return Err(std::io::Error::other(e.to_string())),
+        };
+        let mut sent = 0;
+        for pid in pids {
+            if self.kill_member(pid)? {
+                sent += 1;
+            }
+        }
+        Ok(sent)
+    }
+
     pub fn pids(&self) -> Result<Vec<u32>, CgroupError> {
         let (path, data) = read_file(&self.freezer_dir, "cgroup.procs")?;
         data.lines()

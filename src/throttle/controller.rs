@@ -163,6 +163,22 @@ impl ControllerLink {
         }
     }
 
+    /// Kills the container: it is released (thawed, never frozen again) and SIGKILL goes to
+    /// every process of its cgroup and of its throttled child. Returns how many processes were
+    /// signalled.
+    pub fn kill(&self, id: &str, cgroups_path: &str) -> Result<usize, String> {
+        self.release(id, cgroups_path);
+        let cg = self.fs.container(cgroups_path).map_err(|e| e.to_string())?;
+        let child = cg.throttled_child();
+        let mut sent = 0;
+        for c in [&child, &cg] {
+            sent += c
+                .kill_all()
+                .map_err(|e| format!("{}: {e}", c.freezer_dir().display()))?;
+        }
+        Ok(sent)
+    }
+
     fn is_released(&self, id: &str) -> bool {
         self.released.lock().expect("release lock").contains(id)
     }

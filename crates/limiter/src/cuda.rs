@@ -833,73 +833,76 @@ fn saturate_u32(bytes: u64) -> c_uint {
     c_uint::try_from(bytes).unwrap_or(c_uint::MAX)
 }
 
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CuResult {
+/// Writes the memory view (`view_info`) through `free` and `total`, each as `conv` makes it
+/// fit the caller's type.
+///
+/// # Safety
+/// Non-null pointers must be valid for writes of `T`.
+unsafe fn put_info<T>(free: *mut T, total: *mut T, conv: fn(u64) -> T) -> CuResult {
     if free.is_null() || total.is_null() {
         return CUDA_ERROR_INVALID_VALUE;
     }
     match view_info() {
         Ok((left, limit)) => {
-            // SAFETY: both out-pointers were checked non-null.
+            // SAFETY: both out-pointers were checked non-null; the caller vouches for them.
             unsafe {
-                *total = limit as usize;
-                *free = left as usize;
+                *total = conv(limit);
+                *free = conv(left);
             }
             CUDA_SUCCESS
         }
         Err(rc) => rc,
     }
+}
+
+/// Writes the view of device `dev`'s total (`view_total`) through `bytes`, as `conv` makes it
+/// fit the caller's type.
+///
+/// # Safety
+/// A non-null `bytes` must be valid for writes of `T`.
+unsafe fn put_total<T>(bytes: *mut T, dev: CuDevice, conv: fn(u64) -> T) -> CuResult {
+    if bytes.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    match view_total(dev) {
+        Ok(total) => {
+            // SAFETY: checked non-null; the caller vouches for it.
+            unsafe { *bytes = conv(total) };
+            CUDA_SUCCESS
+        }
+        Err(rc) => rc,
+    }
+}
+
+fn as_usize(bytes: u64) -> usize {
+    bytes as usize
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CuResult {
+    // SAFETY: the driver API's contract: valid out-pointers or null.
+    unsafe { put_info(free, total, as_usize) }
 }
 
 /// Legacy `cuMemGetInfo` (`unsigned int` out-parameters): the same view, saturated. The real
 /// figures come from the driver's `cuMemGetInfo_v2`, which cannot wrap.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemGetInfo(free: *mut c_uint, total: *mut c_uint) -> CuResult {
-    if free.is_null() || total.is_null() {
-        return CUDA_ERROR_INVALID_VALUE;
-    }
-    match view_info() {
-        Ok((left, limit)) => {
-            // SAFETY: both out-pointers were checked non-null.
-            unsafe {
-                *total = saturate_u32(limit);
-                *free = saturate_u32(left);
-            }
-            CUDA_SUCCESS
-        }
-        Err(rc) => rc,
-    }
+    // SAFETY: as above.
+    unsafe { put_info(free, total, saturate_u32) }
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CuDevice) -> CuResult {
-    if bytes.is_null() {
-        return CUDA_ERROR_INVALID_VALUE;
-    }
-    match view_total(dev) {
-        Ok(total) => {
-            // SAFETY: checked non-null.
-            unsafe { *bytes = total as usize };
-            CUDA_SUCCESS
-        }
-        Err(rc) => rc,
-    }
+    // SAFETY: as above.
+    unsafe { put_total(bytes, dev, as_usize) }
 }
 
 /// Legacy `cuDeviceTotalMem` (`unsigned int` out-parameter): the same view, saturated.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuDeviceTotalMem(bytes: *mut c_uint, dev: CuDevice) -> CuResult {
-    if bytes.is_null() {
-        return CUDA_ERROR_INVALID_VALUE;
-    }
-    match view_total(dev) {
-        Ok(total) => {
-            // SAFETY: checked non-null.
-            unsafe { *bytes = saturate_u32(total) };
-            CUDA_SUCCESS
-        }
-        Err(rc) => rc,
-    }
+    // SAFETY: as above.
+    unsafe { put_total(bytes, dev, saturate_u32) }
 }
 
 /// `CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM`.
