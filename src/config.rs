@@ -73,6 +73,9 @@ pub struct NodeConfig {
     pub plugin_index: String,
     /// Runtime's NRI socket (external plugin mode).
     pub nri_socket: PathBuf,
+    /// Connect to the runtime over NRI. `false` for runtimes without NRI, which reach the
+    /// agent through `gpushare runtime` / `gpushare hook` and `[runtime_api]` only.
+    pub nri: bool,
     pub gpu_backend: GpuBackend,
     /// Where the GPU device nodes are; `/dev` for NVML, [`SIM_DEV_ROOT`] for `sim`.
     pub dev_root: Option<PathBuf>,
@@ -97,7 +100,38 @@ pub struct NodeConfig {
     /// The kubelet device plugin (off by default).
     pub device_plugin: DevicePluginConfig,
     pub kubernetes: KubernetesConfig,
+    /// The local API of the runtime-level modes (off by default).
+    pub runtime_api: RuntimeApiConfig,
 }
+
+/// `[runtime_api]`: the local socket `gpushare runtime` (an OCI runtime wrapper) and
+/// `gpushare hook` (OCI hooks) reach the agent on, for runtimes without NRI.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RuntimeApiConfig {
+    pub enabled: bool,
+    /// A unix socket, mode 0600 (root only; callers' credentials are checked too).
+    pub socket: PathBuf,
+    /// runc state roots (`runc --root`) to rebuild the registry from at start, since there is
+    /// no NRI Synchronize: containerd 1.6's is `/run/containerd/runc/k8s.io`.
+    pub runc_roots: Vec<PathBuf>,
+    /// The runc binary used to list those containers.
+    pub runc: PathBuf,
+}
+
+impl Default for RuntimeApiConfig {
+    fn default() -> Self {
+        RuntimeApiConfig {
+            enabled: false,
+            socket: PathBuf::from(DEFAULT_RUNTIME_SOCKET),
+            runc_roots: Vec::new(),
+            runc: PathBuf::from("runc"),
+        }
+    }
+}
+
+/// Where the agent serves the runtime-level modes by default.
+pub const DEFAULT_RUNTIME_SOCKET: &str = "/run/gpushare/runtime.sock";
 
 /// `[limiter]`: the in-container limiter (the GPU's memory seen as the quota, allocations over
 /// it refused), injected into every GPU container.
@@ -140,6 +174,7 @@ impl Default for NodeConfig {
             plugin_name: "gpushare".into(),
             plugin_index: "10".into(),
             nri_socket: PathBuf::from("/var/run/nri/nri.sock"),
+            nri: true,
             gpu_backend: GpuBackend::Nvml,
             dev_root: None,
             proc_root: PathBuf::from("/proc"),
@@ -156,6 +191,7 @@ impl Default for NodeConfig {
             throttle: ThrottleConfig::default(),
             device_plugin: DevicePluginConfig::default(),
             kubernetes: KubernetesConfig::default(),
+            runtime_api: RuntimeApiConfig::default(),
         }
     }
 }
@@ -169,6 +205,14 @@ pub enum ConfigError {
     },
     #[error("invalid config{origin}: {reason}")]
     Parse { origin: String, reason: String },
+    #[error(
+        "nri = false and [runtime_api] enabled = false: the agent would hear of no container (enable one)"
+    )]
+    NoRuntimeLink,
+    #[error(
+        "[runtime_api] runc_roots rebuild the registry where there is no NRI; with nri = true the runtime's Synchronize does (set nri = false, or remove runc_roots)"
+    )]
+    RuncRootsWithNri,
     #[error("plugin_name {0:?} must match [a-zA-Z0-9_.+-]+")]
     PluginName(String),
     #[error("plugin_index {0:?} must be exactly two digits")]
@@ -214,6 +258,12 @@ impl NodeConfig {
         }
         if self.gpu_backend == GpuBackend::Sim && self.dev_root() == Path::new("/dev") {
             return Err(ConfigError::SimOnHostDev(self.dev_root()));
+        }
+        if !self.nri && !self.runtime_api.enabled {
+            return Err(ConfigError::NoRuntimeLink);
+        }
+        if self.nri && !self.runtime_api.runc_roots.is_empty() {
+            return Err(ConfigError::RuncRootsWithNri);
         }
         Ok(())
     }

@@ -14,6 +14,7 @@ pub mod node;
 pub mod nri;
 pub mod registry;
 pub mod run;
+pub mod runtime;
 pub mod scheduler;
 pub mod simulate;
 pub mod status;

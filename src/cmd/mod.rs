@@ -40,6 +40,13 @@ enum Command {
     Scheduler(scheduler::SchedulerArgs),
     /// Run one command under a GPU quota on this machine, without Kubernetes.
     Run(run::RunArgs),
+    /// An OCI runtime wrapper (containerd's runc BinaryName, podman --runtime) for runtimes
+    /// without NRI: every argument is runc's.
+    #[command(disable_help_flag = true)]
+    Runtime {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<std::ffi::OsString>,
+    },
 }
 
 /// The `gpushare` binary.
@@ -51,6 +58,13 @@ pub fn main() -> anyhow::Result<()> {
     {
         return node::run_preinstalled(&fd);
     }
+    // Linked as `gpushare-runtime`: the runtime wrapper, every argument runc's.
+    let mut argv = std::env::args_os();
+    if let Some(argv0) = argv.next()
+        && crate::runtime::wrapper::invoked_as_wrapper(&argv0)
+    {
+        std::process::exit(crate::runtime::wrapper::run(argv.collect()));
+    }
     match Cli::parse().command {
         Command::Node(args) => node::run(&args),
         Command::Capacity(args) => node::capacity(&args),
@@ -59,6 +73,7 @@ pub fn main() -> anyhow::Result<()> {
         Command::Inspect(args) => inspect::run(&args),
         Command::Scheduler(args) => scheduler::run(&args),
         Command::Run(args) => run::run(&args),
+        Command::Runtime { args } => std::process::exit(crate::runtime::wrapper::run(args)),
     }
 }
 

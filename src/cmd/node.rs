@@ -23,6 +23,17 @@ pub struct NodeArgs {
     /// The runtime's NRI socket.
     #[arg(long)]
     pub nri_socket: Option<PathBuf>,
+    /// Do not connect over NRI (runtimes without it: `gpushare runtime` / `gpushare hook`
+    /// reach the agent on --runtime-socket).
+    #[arg(long)]
+    pub no_nri: bool,
+    /// Serve the runtime-level modes' local API on this unix socket (`[runtime_api]`).
+    #[arg(long)]
+    pub runtime_socket: Option<PathBuf>,
+    /// A runc state root to rebuild the registry from at start (repeatable;
+    /// `[runtime_api] runc_roots`).
+    #[arg(long)]
+    pub runc_root: Vec<PathBuf>,
     #[arg(long, value_enum)]
     pub gpu_backend: Option<GpuBackend>,
     /// Where GPU device nodes live (sim: created there).
@@ -110,6 +121,16 @@ impl NodeConfig {
             }
         }
         set(&mut self.nri_socket, &args.nri_socket);
+        if args.no_nri {
+            self.nri = false;
+        }
+        if let Some(socket) = &args.runtime_socket {
+            self.runtime_api.enabled = true;
+            self.runtime_api.socket = socket.clone();
+        }
+        if !args.runc_root.is_empty() {
+            self.runtime_api.runc_roots = args.runc_root.clone();
+        }
         set(&mut self.gpu_backend, &args.gpu_backend);
         set(&mut self.sim.count, &args.sim_gpus);
         set(&mut self.sim.memory_mib, &args.sim_gpu_memory_mib);
@@ -222,8 +243,23 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<()> {
             index: cfg.plugin_index.clone(),
         };
         let socket = cfg.nri_socket.clone();
+        let api = cfg.runtime_api.enabled.then(|| cfg.runtime_api.clone());
+        let runtime_api = async {
+            match api {
+                Some(api) => serve_runtime_api(&api, cfg.nri, node.clone()).await,
+                None => std::future::pending().await,
+            }
+        };
+        let nri = async {
+            if cfg.nri {
+                plugin::run_external(&socket, reg, node.clone()).await
+            } else {
+                std::future::pending().await
+            }
+        };
         tokio::select! {
-            _ = plugin::run_external(&socket, reg, node) => {}
+            _ = nri => {}
+            r = runtime_api => r?,
             _ = super::shutdown_signal() => tracing::info!("shutting down"),
         }
         if let Some(t) = health_task {
@@ -237,6 +273,29 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<()> {
         }
         Ok(())
     })
+}
+
+/// The runtime-level modes' local API; without NRI, the registry is first rebuilt from
+/// runc's state and the agent is ready once it listens. Returns only on a failure to start.
+async fn serve_runtime_api(
+    api: &crate::config::RuntimeApiConfig,
+    nri: bool,
+    node: Arc<Node>,
+) -> anyhow::Result<()> {
+    use crate::nri::service::Handler;
+    let listener = crate::runtime::api::bind(&api.socket)?;
+    if !nri {
+        let (runc, roots) = (api.runc.clone(), api.runc_roots.clone());
+        let n = node.clone();
+        let read =
+            tokio::task::spawn_blocking(move || crate::runtime::resync::resync(&n, &runc, &roots))
+                .await??;
+        tracing::info!(containers = read, roots = ?api.runc_roots, "registry rebuilt from runc's state");
+        node.connected(true);
+    }
+    tracing::info!(socket = %api.socket.display(), "runtime API listening");
+    crate::runtime::api::serve(listener, node).await;
+    Ok(())
 }
 
 /// How often GPU health is read.

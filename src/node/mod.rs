@@ -669,9 +669,47 @@ impl Node {
         }
     }
 
+    /// The decision on a container being created, as plain data (`None`: leave it as it
+    /// is): what NRI's CreateContainer answers with, and the runtime-level modes
+    /// (`gpushare runtime`, `gpushare hook`) through the local API — one decision, one
+    /// registry, the same messages.
+    pub fn admit(
+        &self,
+        pod: &PodSandbox,
+        ctr: &Container,
+    ) -> Result<Option<adjust::Adjustment>, HandlerError> {
+        if !has_gpu_hint(pod, ctr) {
+            return Ok(self.no_gpu(ctr));
+        }
+        let span = tracing::info_span!("create", pod = %format!("{}/{}", pod.namespace, pod.name), container = %ctr.name, id = %ctr.id);
+        let _g = span.enter();
+        let started = Instant::now();
+        let state = self.require_state()?;
+        match self.decide(&state, pod, ctr) {
+            Ok(None) => Ok(self.no_gpu(ctr)),
+            Ok(Some((req, mut adj))) => {
+                adjust::strip_foreign_selectors(&mut adj, &ctr.env);
+                let gpus: Vec<u32> = req.gpus.iter().map(|g| g.index).collect();
+                self.registry.upsert(Node::record(pod, ctr, req));
+                self.stats.creates_gpu.fetch_add(1, Ordering::Relaxed);
+                tracing::info!(
+                    ?gpus,
+                    micros = started.elapsed().as_micros() as u64,
+                    "GPU container admitted"
+                );
+                Ok(Some(adj))
+            }
+            Err(e) => {
+                self.stats.creates_refused.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(error = %e, refusal = e.is_refusal(), "GPU container refused");
+                Err(e.into())
+            }
+        }
+    }
+
     /// A container granted no GPU: passed through unchanged, unless its environment would
     /// make a runtime that reads it (nvidia-container-runtime) give it GPUs.
-    fn no_gpu(&self, ctr: &Container) -> Option<ContainerAdjustment> {
+    fn no_gpu(&self, ctr: &Container) -> Option<adjust::Adjustment> {
         match adjust::neutralize_non_gpu(&ctr.env) {
             None => {
                 self.stats
@@ -684,7 +722,7 @@ impl Node {
                     .creates_neutralized
                     .fetch_add(1, Ordering::Relaxed);
                 tracing::info!(container = %ctr.name, id = %ctr.id, cleared = ?adj.clear_env, "no GPU granted: NVIDIA_VISIBLE_DEVICES=void");
-                Some(convert::adjustment(&adj))
+                Some(adj)
             }
         }
     }
@@ -814,33 +852,7 @@ impl Handler for Node {
         pod: &PodSandbox,
         ctr: &Container,
     ) -> Result<Option<ContainerAdjustment>, HandlerError> {
-        if !has_gpu_hint(pod, ctr) {
-            return Ok(self.no_gpu(ctr));
-        }
-        let span = tracing::info_span!("create", pod = %format!("{}/{}", pod.namespace, pod.name), container = %ctr.name, id = %ctr.id);
-        let _g = span.enter();
-        let started = Instant::now();
-        let state = self.require_state()?;
-        match self.decide(&state, pod, ctr) {
-            Ok(None) => Ok(self.no_gpu(ctr)),
-            Ok(Some((req, mut adj))) => {
-                adjust::strip_foreign_selectors(&mut adj, &ctr.env);
-                let gpus: Vec<u32> = req.gpus.iter().map(|g| g.index).collect();
-                self.registry.upsert(Node::record(pod, ctr, req));
-                self.stats.creates_gpu.fetch_add(1, Ordering::Relaxed);
-                tracing::info!(
-                    ?gpus,
-                    micros = started.elapsed().as_micros() as u64,
-                    "GPU container admitted"
-                );
-                Ok(Some(convert::adjustment(&adj)))
-            }
-            Err(e) => {
-                self.stats.creates_refused.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(error = %e, refusal = e.is_refusal(), "GPU container refused");
-                Err(e.into())
-            }
-        }
+        Ok(self.admit(pod, ctr)?.map(|adj| convert::adjustment(&adj)))
     }
 
     fn start_container(&self, _pod: &PodSandbox, ctr: &Container) {

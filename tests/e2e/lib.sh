@@ -71,8 +71,10 @@ e2e_containerd_dir() { # VERSION (2 | 1.7)
     case $1 in
     2 | 2.*) echo "$E2E_PEERS_DIR/containerd-$E2E_CONTAINERD2_VERSION" ;;
     1.7 | 1.7.*) echo "$E2E_PEERS_DIR/containerd-$E2E_CONTAINERD17_VERSION" ;;
+    # Debian 12's containerd 1.6 (no NRI), from apt (tests/e2e/deps.sh installs it).
+    1.6) echo /usr/bin ;;
     *)
-        e2e_log "unknown containerd version '$1' (want 2 or 1.7)"
+        e2e_log "unknown containerd version '$1' (want 2, 1.7 or 1.6)"
         return 1
         ;;
     esac
@@ -191,6 +193,9 @@ state = "$root/state"
 
 [plugins."io.containerd.internal.v1.opt"]
   path = "$root/opt"
+EOF
+    [[ $1 == 1.6* ]] && return 0 # no NRI in 1.6
+    cat <<EOF
 
 [plugins."io.containerd.nri.v1.nri"]
   disable = false
@@ -245,9 +250,11 @@ _e2e_write_config() { # VERSION ROOT -> ROOT/config.toml
 EOF
         } >"$cfg"
         ;;
-    1.7 | 1.7.*)
+    1.7 | 1.7.* | 1.6)
+        local v=$E2E_CONTAINERD17_VERSION
+        [[ $version == 1.6 ]] && v=1.6
         {
-            _e2e_config_head "$E2E_CONTAINERD17_VERSION" 2 "$root"
+            _e2e_config_head "$v" 2 "$root"
             cat <<EOF
 
 [plugins."io.containerd.grpc.v1.cri"]
@@ -259,6 +266,10 @@ EOF
     default_runtime_name = "runc"
     [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
       runtime_type = "io.containerd.runc.v2"
+      # What the runtime wrapper reads from a container's spec (1.6: no NRI): the pod's
+      # assignment and kubelet's grant, nothing else a pod sets.
+      pod_annotations = ["gpushare.io/assignment"]
+      container_annotations = ["gpushare.io/granted-*"]
       [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
         $runc_opts
   [plugins."io.containerd.grpc.v1.cri".cni]
@@ -268,7 +279,7 @@ EOF
         } >"$cfg"
         ;;
     *)
-        e2e_log "unknown containerd version '$version' (want 2 or 1.7)"
+        e2e_log "unknown containerd version '$version' (want 2, 1.7 or 1.6)"
         return 1
         ;;
     esac

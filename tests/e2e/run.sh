@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# End-to-end test of `gpushare node` against real containerd (2.x and 1.7.x), crictl and
-# runc, with simulated GPUs. Needs root. Usage: tests/e2e/run.sh [VERSION...] (default: 2 1.7)
+# End-to-end test of `gpushare node` against real containerd (2.x and 1.7.x over NRI; Debian's
+# 1.6, which has no NRI, through the runtime wrapper `gpushare-runtime`), crictl and runc, with
+# simulated GPUs: the same checks, the same messages, for every mode. Needs root.
+# Usage: tests/e2e/run.sh [VERSION...] (default: 2 1.7 1.6)
 # Ends with "N passed, M failed"; exits non-zero on any failure.
 set -euo pipefail
 
@@ -12,7 +14,7 @@ source "$here/lib.sh"
 BIN=${GPUSHARE_BIN:-$repo/target/release/gpushare}
 [[ -x $BIN ]] || { echo "e2e: $BIN not built (cargo build --release)" >&2; exit 1; }
 VERSIONS=("$@")
-((${#VERSIONS[@]})) || VERSIONS=(2 1.7)
+((${#VERSIONS[@]})) || VERSIONS=(2 1.7 1.6)
 PORT=${GPUSHARE_E2E_PORT:-19402}
 AGENT_PID=
 
@@ -45,7 +47,13 @@ LIMITER=$REL/libgpushare_limiter.so
 DRIVER_DIR=$(e2e_gpu_fakes "$REL")
 
 start_agent() {
-    "$BIN" node --nri-socket "$E2E_NRI_SOCK" --gpu-backend sim --dev-root "$E2E_ROOT/simdev" \
+    local link=(--nri-socket "$E2E_NRI_SOCK")
+    if [[ $V == 1.6 ]]; then
+        # No NRI: the wrapper reaches the agent on its local socket, and the registry is
+        # rebuilt from runc's state at start.
+        link=(--no-nri --runtime-socket "$E2E_ROOT/runtime.sock" --runc-root "$E2E_ROOT/runc/k8s.io")
+    fi
+    "$BIN" node "${link[@]}" --gpu-backend sim --dev-root "$E2E_ROOT/simdev" \
         --node-name e2e-node --status-listen "127.0.0.1:$PORT" --log-file "$E2E_ROOT/agent.log" \
         --state-dir "$E2E_ROOT/state" --limiter-library "$LIMITER" --sim-driver-dir "$DRIVER_DIR" &
     AGENT_PID=$!
@@ -118,9 +126,14 @@ only_gpu_node() { # CID WANT: the container's /dev/nvidiaN list is exactly WANT
     [[ $got == "$2" ]]
 }
 
+# The environment of the container's main process (PID 1). (What `crictl exec` gives a new
+# process is the spec containerd stored; under the runtime wrapper that is the spec before
+# the adjustment — the devices, mounts and limiter apply to exec'd processes all the same.)
+init_env() { in_ctr "$1" cat /proc/1/environ | tr '\0' '\n'; }
+
 env_is() { # CID NAME VALUE
     local got
-    got=$(in_ctr "$1" env | sed -n "s/^$2=//p" || true)
+    got=$(init_env "$1" | sed -n "s/^$2=//p" || true)
     echo "$2='$got' want '$3'"
     [[ $got == "$3" ]]
 }
@@ -132,7 +145,7 @@ no_gpu_devices() { # CID
 cleared_env() { # CID NAME...: each variable is unset or empty in the container (NRI cannot
     # remove a variable from the spec, only set it)
     local env
-    env=$(in_ctr "$1" env) || return 1
+    env=$(init_env "$1") || return 1
     for n in "${@:2}"; do
         if grep -q "^$n=." <<<"$env"; then
             echo "$(grep "^$n=" <<<"$env") is still set"
@@ -144,18 +157,31 @@ cleared_env() { # CID NAME...: each variable is unset or empty in the container 
 NVIDIA_ALL_ENV='{"envs":[{"key":"NVIDIA_VISIBLE_DEVICES","value":"all"},{"key":"NVIDIA_MIG_CONFIG_DEVICES","value":"all"},{"key":"NVIDIA_DRIVER_CAPABILITIES","value":"all"},{"key":"CUDA_MPS_PIPE_DIRECTORY","value":"/tmp/mps"}]}'
 
 no_gpu_env() { # CID
-    ! in_ctr "$1" env | grep -E '^(NVIDIA_|GPUSHARE_|ALIYUN_COM_GPU)'
+    ! init_env "$1" | grep -E '^(NVIDIA_|GPUSHARE_|ALIYUN_COM_GPU)'
 }
 
 # create_refused NAME PATTERN: runp succeeds, create fails with PATTERN in the error, and
-# nothing is left behind: no container in the pod, nothing in the agent's registry.
+# nothing is left behind: no container in the pod, nothing in the agent's registry. Through
+# the runtime wrapper (1.6) the decision comes when the task is created — `crictl start` —
+# and nothing may be left running or known to runc.
 create_refused() {
-    local name=$1 pattern=$2 pod err rc=0
+    local name=$1 pattern=$2 pod err rc=0 cid left
     pod=$(e2e_crictl runp "$E2E_ROOT/$name.pod.json")
-    err=$(e2e_crictl create "$pod" "$E2E_ROOT/$name.ctr.json" "$E2E_ROOT/$name.pod.json" 2>&1) || rc=$?
+    if [[ $V == 1.6 ]]; then
+        if cid=$(e2e_crictl create "$pod" "$E2E_ROOT/$name.ctr.json" "$E2E_ROOT/$name.pod.json" 2>&1); then
+            err=$(e2e_crictl start "$cid" 2>&1) || rc=$?
+            left=$(e2e_crictl ps -q --pod "$pod")
+            if runc --root "$E2E_ROOT/runc/k8s.io" list -q 2>/dev/null | grep -qx "$cid"; then
+                left+=" (runc still has $cid)"
+            fi
+        else
+            rc=1 err=$cid
+        fi
+    else
+        err=$(e2e_crictl create "$pod" "$E2E_ROOT/$name.ctr.json" "$E2E_ROOT/$name.pod.json" 2>&1) || rc=$?
+        left=$(e2e_crictl ps -a -q --pod "$pod")
+    fi
     echo "$err" | tail -1
-    local left
-    left=$(e2e_crictl ps -a -q --pod "$pod")
     e2e_crictl rmp -f "$pod" >/dev/null
     ((rc != 0)) && grep -qF -- "$pattern" <<<"$err" && [[ -z $left ]] &&
         ! status registry | jq -e --arg p "$name" 'any(.[]; .pod_name == $p)' >/dev/null
@@ -239,11 +265,41 @@ guardian_thaws() {
     grep -qE '^(THAWED|0)$' "$state" && sleep 0.5 && grep -qE '^(THAWED|0)$' "$state"
 }
 
+# Debian's containerd 1.6 through the wrapper only: fail closed while the agent is down (a
+# GPU container is refused with the reason, one without a GPU still runs), and `runc` run on
+# a bundle by hand through the wrapper gets the same decision.
+runtime_only_checks() {
+    kill_agent
+    e2e_write_pod down-gpu "$(e2e_assignment 1 1024 10)" 1 10
+    e2e_check "$V: agent down → a GPU container is refused with the reason" create_refused down-gpu \
+        "gpushare: GPU containers are refused while the gpushare node agent is not reachable on $E2E_ROOT/runtime.sock"
+    e2e_write_pod down-plain "" "" ""
+    e2e_check "$V: agent down → a container without a GPU still runs" run_pod down-plain
+    e2e_require "$V: agent started again" start_agent
+    e2e_check "$V: … and its registry rebuilt from runc's state matches crictl" registry_matches_crictl
+}
+
 for V in "${VERSIONS[@]}"; do
     echo "=== containerd $V ==="
     root=$(mktemp -d /tmp/gpushare-e2e.XXXXXX)
+    unset E2E_RUNC GPUSHARE_RUNTIME_CONFIG
+    if [[ $V == 1.6 ]]; then
+        # containerd's runc shim runs `gpushare-runtime` (a link to the binary) as its runc;
+        # the wrapper's config reaches it through containerd's environment.
+        mkdir -p "$root/bin"
+        ln -sf "$BIN" "$root/bin/gpushare-runtime"
+        printf 'runtime = "%s"\nsocket = "%s"\n' "$(command -v runc || echo /usr/sbin/runc)" \
+            "$root/runtime.sock" >"$root/runtime.toml"
+        export E2E_RUNC=$root/bin/gpushare-runtime GPUSHARE_RUNTIME_CONFIG=$root/runtime.toml
+    fi
     e2e_require "$V: containerd starts" e2e_start_containerd "$V" "$root"
-    e2e_require "$V: agent registers over $E2E_NRI_SOCK" start_agent
+    if [[ $V == 1.6 ]]; then
+        e2e_require "$V: agent serves the runtime wrapper on $E2E_ROOT/runtime.sock" start_agent
+        e2e_check "$V: the runtime socket is root's only (0600)" \
+            test "$(stat -c %a "$E2E_ROOT/runtime.sock")" = 600
+    else
+        e2e_require "$V: agent registers over $E2E_NRI_SOCK" start_agent
+    fi
 
     # The image (or the pod) asks nvidia-container-runtime for every GPU; gpushare's grant wins.
     e2e_write_pod gpu1 "$(e2e_assignment 1 2048 30)" 2 30 "" "$NVIDIA_ALL_ENV"
@@ -286,10 +342,18 @@ for V in "${VERSIONS[@]}"; do
 
     e2e_restart_containerd
     e2e_check "$V: agent reconnects after containerd restart" wait_healthy
-    e2e_check "$V: agent registered twice (log)" bash -c "(( \$(grep -c 'registered with the runtime' '$E2E_ROOT/agent.log') >= 2 ))"
+    if [[ $V != 1.6 ]]; then
+        e2e_check "$V: agent registered twice (log)" bash -c "(( \$(grep -c 'registered with the runtime' '$E2E_ROOT/agent.log') >= 2 ))"
+    fi
     e2e_write_pod gpu3 "$(e2e_assignment 2 1024 10)" 1 10
     check_gpu_pod gpu3 2 1024 10
     e2e_check "$V: after containerd restart the registry matches crictl" registry_matches_crictl
+    if [[ $V == 1.6 ]]; then
+        runtime_only_checks
+        e2e_stop_containerd
+        rm -f "$E2E_ROOT/agent.log" 2>/dev/null || true
+        continue
+    fi
 
     # The same agent as a pre-installed plugin, launched by containerd itself.
     kill_agent

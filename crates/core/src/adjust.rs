@@ -1,14 +1,14 @@
 //! The container adjustment for a GPU container, as plain data (the NRI adapter turns it into
 //! the protocol's `ContainerAdjustment`). Pure.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::inventory::{DeviceNode, DeviceSet};
 use crate::limiter::{self, GpuLimit, LimitsFile};
 use crate::request::{ContainerRequest, MemoryUnit};
 
 /// What to change in a container.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Adjustment {
     pub devices: Vec<DeviceNode>,
     pub env: Vec<(String, String)>,
@@ -23,7 +23,7 @@ pub struct Adjustment {
 }
 
 /// A bind mount of a host path into the container.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Mount {
     pub source: String,
     pub destination: String,

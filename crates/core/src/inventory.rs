@@ -58,7 +58,7 @@ impl Inventory {
 }
 
 /// A character device node to expose in a container at `path`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct DeviceNode {
     /// Path inside the container (always under `/dev`).
     pub path: String,

@@ -1,0 +1,275 @@
+//! The agent's local API for the runtime-level modes: a unix socket only root can reach
+//! (mode 0600, and each caller's credentials checked), one JSON request and one JSON answer
+//! per connection, bounded in size and time.
+//!
+//! - `create {id, spec}`: the node's decision on the container whose OCI spec this is —
+//!   the same `Node::admit` NRI's CreateContainer runs, so the same refusals and messages —
+//!   answered with the adjustment to write into the spec (or none);
+//! - `start {id}`, `remove {id}`: the container started / is gone.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
+
+use super::oci::{self, BundleSpec};
+use crate::node::Node;
+use crate::nri::api::nri_api::{Container, ContainerState as NriState, PodSandbox};
+use crate::nri::service::Handler;
+use gpushare_core::adjust::Adjustment;
+
+/// The largest request: a spec ([`oci::MAX_SPEC_BYTES`]) and its envelope.
+pub const MAX_REQUEST_BYTES: u64 = oci::MAX_SPEC_BYTES + 4096;
+/// How long a caller has to send its request, and the agent to answer.
+pub const IO_TIMEOUT: Duration = Duration::from_secs(10);
+/// Connections served at once; more wait.
+pub const MAX_CONNECTIONS: usize = 64;
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Request {
+    Create { id: String, spec: serde_json::Value },
+    Start { id: String },
+    Remove { id: String },
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Response {
+    pub ok: bool,
+    /// `create`: what to write into the spec (none: leave it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub adjustment: Option<Adjustment>,
+    /// Not ok: a refusal of the request (as opposed to a fault of the node).
+    #[serde(default)]
+    pub refusal: bool,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub message: String,
+}
+
+impl Response {
+    fn ok(adjustment: Option<Adjustment>) -> Response {
+        Response {
+            ok: true,
+            adjustment,
+            refusal: false,
+            message: String::new(),
+        }
+    }
+
+    fn error(refusal: bool, message: impl Into<String>) -> Response {
+        Response {
+            ok: false,
+            adjustment: None,
+            refusal,
+            message: message.into(),
+        }
+    }
+}
+
+/// One request against the node.
+pub fn handle(node: &Node, req: Request) -> Response {
+    match req {
+        Request::Create { id, spec } => {
+            if let Err(e) = check_id(&id) {
+                return Response::error(true, e);
+            }
+            let bytes = serde_json::to_vec(&spec).expect("a JSON value serializes");
+            let b = match BundleSpec::parse(PathBuf::from("config.json"), &bytes) {
+                Ok(b) => b,
+                Err(e) => return Response::error(true, format!("gpushare: {e}")),
+            };
+            let (pod, ctr) = oci::describe(&id, &b, NriState::CONTAINER_CREATED, 0);
+            match node.admit(&pod, &ctr) {
+                Ok(adj) => Response::ok(adj),
+                Err(e) => Response::error(e.code == ttrpc::Code::INVALID_ARGUMENT, e.message),
+            }
+        }
+        Request::Start { id } => {
+            node.start_container(&PodSandbox::default(), &by_id(&id));
+            Response::ok(None)
+        }
+        Request::Remove { id } => {
+            node.remove_container(&PodSandbox::default(), &by_id(&id));
+            Response::ok(None)
+        }
+    }
+}
+
+fn by_id(id: &str) -> Container {
+    Container {
+        id: id.to_string(),
+        ..Default::default()
+    }
+}
+
+/// Container ids name directories of the agent's (limiter files): runc's own rule.
+fn check_id(id: &str) -> Result<(), String> {
+    let ok = !id.is_empty()
+        && id.len() <= 1024
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'+' | b'-' | b'.'))
+        && id != "."
+        && id != "..";
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "gpushare: container id {} is not a valid runc id ([A-Za-z0-9_+.-], at most 1024)",
+            gpushare_core::echo::Echo::new(id)
+        ))
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("runtime_api socket {}: {source}", path.display())]
+    Socket {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+/// Binds the socket: its directory created 0700 if missing, a stale socket replaced, the
+/// socket itself 0600.
+pub fn bind(path: &Path) -> Result<tokio::net::UnixListener, ServeError> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    let err = |source| ServeError::Socket {
+        path: path.to_path_buf(),
+        source,
+    };
+    if let Some(dir) = path.parent()
+        && !dir.as_os_str().is_empty()
+        && !dir.exists()
+    {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(err)?;
+    }
+    match std::fs::remove_file(path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(err(e)),
+    }
+    // Created 0600 from the start (no window in which another user could connect).
+    let old = unsafe { libc::umask(0o177) };
+    let listener = tokio::net::UnixListener::bind(path);
+    unsafe { libc::umask(old) };
+    let listener = listener.map_err(err)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(err)?;
+    Ok(listener)
+}
+
+/// Serves `listener` for ever: root callers only, [`MAX_CONNECTIONS`] at a time.
+pub async fn serve(listener: tokio::net::UnixListener, node: Arc<Node>) {
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    loop {
+        let permit = slots.clone().acquire_owned().await.expect("never closed");
+        let stream = match listener.accept().await {
+            Ok((s, _)) => s,
+            Err(e) => {
+                // EMFILE and the like: wait and go on, never end.
+                tracing::warn!(error = %e, "runtime_api accept failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let node = node.clone();
+        tokio::spawn(async move {
+            let _permit = permit;
+            if let Err(e) = serve_one(stream, &node).await {
+                tracing::warn!(error = %e, "runtime_api connection");
+            }
+        });
+    }
+}
+
+async fn serve_one(mut stream: tokio::net::UnixStream, node: &Arc<Node>) -> std::io::Result<()> {
+    let cred = stream.peer_cred()?;
+    if cred.uid() != 0 {
+        tracing::warn!(uid = cred.uid(), pid = ?cred.pid(), "runtime_api: caller is not root; refused");
+        let r = Response::error(true, "gpushare: only root may use the runtime API");
+        return write_response(&mut stream, &r).await;
+    }
+    let mut line = Vec::new();
+    let read = async {
+        let mut reader = tokio::io::BufReader::new((&mut stream).take(MAX_REQUEST_BYTES + 1));
+        reader.read_until(b'\n', &mut line).await
+    };
+    match tokio::time::timeout(IO_TIMEOUT, read).await {
+        Ok(r) => {
+            r?;
+        }
+        Err(_) => return Ok(()),
+    }
+    let resp = if line.len() as u64 > MAX_REQUEST_BYTES {
+        Response::error(
+            true,
+            format!("gpushare: request larger than {MAX_REQUEST_BYTES} bytes"),
+        )
+    } else {
+        match serde_json::from_slice::<Request>(&line) {
+            Ok(req) => {
+                let node = node.clone();
+                tokio::task::spawn_blocking(move || handle(&node, req))
+                    .await
+                    .unwrap_or_else(|e| Response::error(false, format!("gpushare: {e}")))
+            }
+            Err(e) => Response::error(true, format!("gpushare: bad runtime API request: {e}")),
+        }
+    };
+    tokio::time::timeout(IO_TIMEOUT, write_response(&mut stream, &resp))
+        .await
+        .unwrap_or(Ok(()))
+}
+
+async fn write_response(stream: &mut tokio::net::UnixStream, r: &Response) -> std::io::Result<()> {
+    let mut bytes = serde_json::to_vec(r).expect("a response serializes");
+    bytes.push(b'\n');
+    stream.write_all(&bytes).await
+}
+
+/// Why a call did not get an answer.
+#[derive(Debug, thiserror::Error)]
+pub enum CallError {
+    #[error("the gpushare node agent is not reachable on {}: {source}", socket.display())]
+    Unreachable {
+        socket: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("the gpushare node agent on {} did not answer: {reason}", socket.display())]
+    NoAnswer { socket: PathBuf, reason: String },
+}
+
+/// One call, blocking (the wrapper and the hook are short-lived processes).
+pub fn call(socket: &Path, req: &Request, timeout: Duration) -> Result<Response, CallError> {
+    let unreachable = |source| CallError::Unreachable {
+        socket: socket.to_path_buf(),
+        source,
+    };
+    let no_answer = |reason: String| CallError::NoAnswer {
+        socket: socket.to_path_buf(),
+        reason,
+    };
+    let mut stream = std::os::unix::net::UnixStream::connect(socket).map_err(unreachable)?;
+    stream
+        .set_read_timeout(Some(timeout))
+        .and_then(|_| stream.set_write_timeout(Some(timeout)))
+        .map_err(unreachable)?;
+    let mut bytes = serde_json::to_vec(req).expect("a request serializes");
+    bytes.push(b'\n');
+    stream
+        .write_all(&bytes)
+        .map_err(|e| no_answer(e.to_string()))?;
+    let mut line = String::new();
+    BufReader::new(stream)
+        .read_line(&mut line)
+        .map_err(|e| no_answer(e.to_string()))?;
+    serde_json::from_str(&line).map_err(|e| no_answer(format!("bad answer: {e}")))
+}
