@@ -1,14 +1,15 @@
 //! How gpushare reads Kubernetes Node and Pod objects, in one place for the scheduler's cache
 //! (`scheduler::cache`) and `gpushare inspect` (`inspect::build`): a node's GPUs (annotation `gpushare.io/gpus`) and labels; a pod's
-//! key, whether it still holds what it was given, its node and its assignment
-//! (`gpushare.io/assignment`). Pure: what each caller makes of a missing or unreadable value
+//! key, whether it still holds what it was given, its node, its containers in pod order with
+//! when each runs, and its assignment (`gpushare.io/assignment`). Pure: what each caller makes of a missing or unreadable value
 //! (a refusal, a warning) stays with the caller.
 
 use std::collections::HashMap;
 use std::fmt;
 
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::{Container, Node, Pod};
 
+use gpushare_core::request::lifecycle::ContainerRole;
 use gpushare_core::request::node::{NODE_GPUS_ANNOTATION, NodeGpus, NodeGpusError};
 use gpushare_core::request::{ASSIGNMENT_ANNOTATION, Assignment, RequestError};
 
@@ -54,6 +55,32 @@ pub fn pod_node(pod: &Pod) -> Option<&str> {
         .as_ref()
         .and_then(|s| s.node_name.as_deref())
         .filter(|n| !n.is_empty())
+}
+
+/// The pod's containers in pod order (`spec.initContainers`, then `spec.containers`), each
+/// with when it runs: an init container with `restartPolicy: Always` is a sidecar.
+pub fn pod_containers(pod: &Pod) -> impl Iterator<Item = (ContainerRole, &Container)> {
+    let spec = pod.spec.as_ref();
+    let init = spec
+        .into_iter()
+        .flat_map(|s| s.init_containers.iter().flatten());
+    let app = spec.into_iter().flat_map(|s| s.containers.iter());
+    init.map(|c| {
+        let role = if c.restart_policy.as_deref() == Some("Always") {
+            ContainerRole::Sidecar
+        } else {
+            ContainerRole::Init
+        };
+        (role, c)
+    })
+    .chain(app.map(|c| (ContainerRole::App, c)))
+}
+
+/// The names of the pod's containers in pod order, each with when it runs.
+pub fn container_roles(pod: &Pod) -> Vec<(&str, ContainerRole)> {
+    pod_containers(pod)
+        .map(|(role, c)| (c.name.as_str(), role))
+        .collect()
 }
 
 /// The pod's `gpushare.io/assignment`: `None` without the annotation.
@@ -124,5 +151,36 @@ mod tests {
             ..Default::default()
         });
         assert!(!is_active(&p));
+    }
+
+    #[test]
+    fn init_containers_come_first_and_restartable_ones_are_sidecars() {
+        let c = |name: &str, restart: Option<&str>| Container {
+            name: name.into(),
+            restart_policy: restart.map(str::to_string),
+            ..Default::default()
+        };
+        let p = Pod {
+            spec: Some(PodSpec {
+                init_containers: Some(vec![
+                    c("prep", None),
+                    c("proxy", Some("Always")),
+                    c("warm", None),
+                ]),
+                containers: vec![c("main", None)],
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        assert_eq!(
+            container_roles(&p),
+            [
+                ("prep", ContainerRole::Init),
+                ("proxy", ContainerRole::Sidecar),
+                ("warm", ContainerRole::Init),
+                ("main", ContainerRole::App),
+            ]
+        );
+        assert!(container_roles(&Pod::default()).is_empty());
     }
 }

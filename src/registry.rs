@@ -88,7 +88,10 @@ impl Registry {
             .collect()
     }
 
-    /// What containers other than `except` that are not stopped hold on GPU `index`.
+    /// What containers other than `except` that are not stopped hold on GPU `index`. A
+    /// stopped container holds nothing: containerd sends StopContainer when a task exits by
+    /// itself too, so a finished init container frees its share for the app containers after
+    /// it (the scheduler placed the pod for the larger of the two, not their sum).
     pub fn committed(&self, index: u32, except: &str) -> Committed {
         let inner = self.inner.read().expect("registry lock");
         let mut c = Committed::default();

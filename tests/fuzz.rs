@@ -28,6 +28,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use fuzz_support::{Outcome, Report, Rng, Target, cases, corpus, exercise, fnv, fuzz, seed};
 use gpushare::kubeobjects::PodKey;
+use gpushare::kubeobjects::container_roles;
 use gpushare::nri::mux::{FrameDecoder, HEADER_LEN, MAX_IN_PAYLOAD, encode_frames};
 use gpushare::scheduler::cache::Cluster;
 use gpushare::scheduler::podreq::demand_of_assignment;
@@ -145,7 +146,7 @@ fn assignment_target<'a>() -> Target<'a> {
                     }
                     // It round-trips.
                     assert_eq!(Assignment::parse(&a.to_json()).as_ref(), Ok(&a));
-                    if let Err(e) = demand_of_assignment(&a) {
+                    if let Err(e) = demand_of_assignment(&a, &[]) {
                         out.reject(e);
                     }
                     // What the node does with it: two containers' requests (each parses the
@@ -455,6 +456,9 @@ const EXTENDER_DICT: &[&str] = &[
     "annotations",
     "spec",
     "containers",
+    "initContainers",
+    "restartPolicy",
+    "Always",
     "resources",
     "limits",
     "requests",
@@ -484,6 +488,13 @@ fn extender_seeds() -> Vec<Vec<u8>> {
         json!({"Pod":pod("8",Some("40"),Some("2")),"Nodes":{"items":[{"metadata":{"name":"a"}},{"metadata":{"name":"m"}}]}}),
         json!({"Pod":pod("2",None,None),"NodeNames":["m","a"]}),
         json!({"PodName":"p","PodNamespace":"default","PodUID":"uid-bind","Node":"a"}),
+        // GPU init container and sidecar: the pod takes what runs at once.
+        json!({"Pod":{"metadata":{"name":"p","namespace":"default","uid":"u-2"},"spec":{
+            "initContainers":[
+                {"name":"proxy","restartPolicy":"Always","resources":{"limits":{"aliyun.com/gpu-mem":"1","aliyun.com/gpu-core.percentage":"10"}}},
+                {"name":"prep","resources":{"limits":{"aliyun.com/gpu-mem":"4","aliyun.com/gpu-core.percentage":"50"}}}],
+            "containers":[{"name":"main","resources":{"limits":{"aliyun.com/gpu-mem":"2","aliyun.com/gpu-core.percentage":"30"}}}]}},
+            "NodeNames":["a"]}),
     ]
     .iter()
     .map(|v| v.to_string().into_bytes())
@@ -567,7 +578,13 @@ fn extender_target<'a>() -> Target<'a> {
                             Ok(res) => {
                                 let back = Assignment::parse(&res.assignment.to_json());
                                 assert_eq!(back.as_ref(), Ok(&res.assignment));
-                                demand_of_assignment(&res.assignment).expect("what we wrote");
+                                // Read back with the pod's spec, as the cache rebuilds
+                                // it: the demand the placement took.
+                                let roles = container_roles(&pod);
+                                let (gpus, demand) = demand_of_assignment(&res.assignment, &roles)
+                                    .expect("what we wrote");
+                                assert_eq!(gpus, res.allocation.gpus);
+                                assert_eq!(demand, res.allocation.demand);
                             }
                         }
                         c.forget_pod(&pod.metadata.uid.clone().unwrap_or_default());

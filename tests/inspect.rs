@@ -234,6 +234,49 @@ fn multi_gpu_assignment_counts_on_each_gpu() {
     }
 }
 
+/// A pod with an init container (4 GiB / 50 %), a sidecar (1 GiB / 10 %, started before it)
+/// and an app container (2 GiB / 30 %) on GPU 0: it holds 5 GiB / 60 % (the sidecar runs
+/// with either), not the 7 GiB / 90 % its shares add up to; each share is listed.
+#[test]
+fn init_containers_count_with_what_runs_at_once() {
+    let share = |mib: u64, core: u32| json!([{"gpuIndex": 0, "gpuUuid": "GPU-a0", "memoryMiB": mib, "corePercent": core}]);
+    let assignment = json!({"version": 1, "containers": {
+        "proxy": share(1024, 10), "prep": share(4096, 50), "main": share(2048, 30),
+    }})
+    .to_string();
+    let p: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "staged", "namespace": "default",
+                     "annotations": {"gpushare.io/assignment": assignment}},
+        "spec": {"nodeName": "node-a",
+                 "initContainers": [{"name": "proxy", "restartPolicy": "Always"}, {"name": "prep"}],
+                 "containers": [{"name": "main"}]},
+        "status": {"phase": "Running"},
+    }))
+    .unwrap();
+    let v = build(&[node_a()], &[p], &ResourceNames::default(), &[]).unwrap();
+    let g0 = &v.nodes[0].gpus[0];
+    assert_eq!(
+        (g0.totals.memory_allocated_mib, g0.totals.core_allocated),
+        (5120, 60)
+    );
+    assert_eq!(g0.shares.len(), 3);
+    let out = render::details(&v, MemoryUnit::GiB);
+    for row in [
+        "0    default/staged  main             2            30\n",
+        "0    default/staged  prep (init)      4            50\n",
+        "0    default/staged  proxy (sidecar)  1            10\n",
+    ] {
+        assert!(out.contains(row), "{row:?} in\n{out}");
+    }
+    let j: Value = serde_json::from_str(&render::json(&v)).unwrap();
+    let shares = &j["nodes"][0]["gpus"][0]["shares"];
+    assert_eq!(shares[0]["container"], "main");
+    assert!(shares[0].get("role").is_none());
+    assert_eq!(shares[1]["role"], "init");
+    assert_eq!(shares[2]["role"], "sidecar");
+    assert_eq!(j["nodes"][0]["gpus"][0]["memoryAllocatedMiB"], 5120);
+}
+
 #[test]
 fn table_has_the_kubectl_inspect_cgpu_shape() {
     let out = render::table(&view(), MemoryUnit::GiB);

@@ -6,7 +6,9 @@
 //! API server (one list of nodes, one of non-terminated pods); the command is `cmd::inspect`.
 //!
 //! Numbers come from what the scheduler assigned (pod annotation `gpushare.io/assignment`), not
-//! from what pods request: that is what the node agent enforces. GPUs come from the node
+//! from what pods request: that is what the node agent enforces. A pod counts on a GPU with
+//! what it holds at once (`request::lifecycle`): its init containers' shares are listed, not
+//! added to its app containers'. GPUs come from the node
 //! annotation `gpushare.io/gpus`; a node that has only the memory resource allocatable (no agent
 //! annotation yet) gets its GPUs inferred from the allocatable memory and count. Annotations,
 //! labels and pod keys are read as the scheduler reads them ([`crate::kubeobjects`]).
@@ -23,6 +25,7 @@ use crate::kubeobjects::{self, PodKey};
 use gpushare_core::echo::Echo;
 use gpushare_core::placement::model::{MAX_GPUS_PER_NODE, PLACEMENT_LABEL, SCHEDULE_LABEL};
 use gpushare_core::request::ASSIGNMENT_ANNOTATION;
+use gpushare_core::request::lifecycle::{ContainerRole, peak_per_gpu};
 use gpushare_core::request::limits::{GpuQuantities, ResourceNames};
 use gpushare_core::request::node::NODE_GPUS_ANNOTATION;
 
@@ -67,11 +70,18 @@ pub struct ShareView {
     pub namespace: String,
     pub pod: String,
     pub container: String,
+    /// `init` or `sidecar`; absent for app containers.
+    #[serde(skip_serializing_if = "is_app")]
+    pub role: ContainerRole,
     #[serde(rename = "memoryMiB")]
     pub memory_mib: u64,
     /// Absent for memory-only shares.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub core_percent: Option<u64>,
+}
+
+fn is_app(r: &ContainerRole) -> bool {
+    *r == ContainerRole::App
 }
 
 /// One GPU of a node and who holds shares of it.
@@ -358,6 +368,13 @@ pub fn build(
             ));
             continue;
         };
+        let roles = kubeobjects::container_roles(pod);
+        let role_of = |name: &str| {
+            roles
+                .iter()
+                .find(|(n, _)| *n == name)
+                .map_or(ContainerRole::App, |(_, r)| *r)
+        };
         for (container, shares) in &assignment.containers {
             for share in shares {
                 let Some(gpu) = view.gpus.iter_mut().find(|g| g.index == share.gpu_index) else {
@@ -369,23 +386,37 @@ pub fn build(
                 };
                 let core_percent = match share.core_percent {
                     Some(c) if !(0..=100).contains(&c) => {
+                        let counted = c.clamp(0, 100);
                         view.warnings.push(format!(
-                            "{who} container {container:?} has corePercent {c} on GPU {}; counted as 0",
+                            "{who} container {container:?} has corePercent {c} on GPU {}; counted as {counted}",
                             share.gpu_index
                         ));
-                        Some(0)
+                        Some(counted as u64)
                     }
                     c => c.map(|c| c as u64),
                 };
-                gpu.totals.memory_allocated_mib += share.memory_mib;
-                gpu.totals.core_allocated += core_percent.unwrap_or(0);
                 gpu.shares.push(ShareView {
                     namespace: key.namespace.clone(),
                     pod: key.name.clone(),
                     container: container.clone(),
+                    role: role_of(container),
                     memory_mib: share.memory_mib,
                     core_percent,
                 });
+            }
+        }
+        // What the pod holds of each GPU at once (init containers do not add up).
+        let held = match peak_per_gpu(&assignment, &roles) {
+            Ok(h) => h,
+            Err(e) => {
+                view.warnings.push(format!("{who}: {e}; not counted"));
+                continue;
+            }
+        };
+        for (index, amount) in held {
+            if let Some(gpu) = view.gpus.iter_mut().find(|g| g.index == index) {
+                gpu.totals.memory_allocated_mib += amount.memory_mib;
+                gpu.totals.core_allocated += u64::from(amount.core_percent);
             }
         }
     }

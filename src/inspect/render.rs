@@ -5,6 +5,7 @@
 //! whole unit.
 
 use super::{ClusterView, NodeView};
+use gpushare_core::request::lifecycle::ContainerRole;
 use gpushare_core::request::limits::MemoryUnit;
 
 /// An amount of memory in `unit`: whole when exact, else one decimal.
@@ -171,7 +172,8 @@ pub fn table(view: &ClusterView, unit: MemoryUnit) -> String {
 }
 
 /// Per node: its labels, one row per GPU (model, UUID, health, memory and core), one row per
-/// container share of a GPU, the node's totals and warnings; then the cluster totals.
+/// container share of a GPU (init containers and sidecars marked), the node's totals and
+/// warnings; then the cluster totals.
 pub fn details(view: &ClusterView, unit: MemoryUnit) -> String {
     let dash = |s: &str| {
         if s.is_empty() {
@@ -241,7 +243,11 @@ pub fn details(view: &ClusterView, unit: MemoryUnit) -> String {
                 shares.push(vec![
                     g.index.to_string(),
                     format!("{}/{}", s.namespace, s.pod),
-                    s.container.clone(),
+                    match s.role {
+                        ContainerRole::App => s.container.clone(),
+                        ContainerRole::Init => format!("{} (init)", s.container),
+                        ContainerRole::Sidecar => format!("{} (sidecar)", s.container),
+                    },
                     amount(s.memory_mib, unit),
                     s.core_percent.map_or("-".to_string(), |c| c.to_string()),
                 ]);

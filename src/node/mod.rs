@@ -899,3 +899,80 @@ impl Handler for Node {
         self.stats.connected.store(up, Ordering::Relaxed);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpushare_core::request::ASSIGNMENT_ANNOTATION;
+    use gpushare_core::request::limits::{GRANTED_CORE_ANNOTATION, GRANTED_MEM_ANNOTATION};
+
+    /// A pod with an init container `prep` (10 GiB, 60 %) and an app container `main`
+    /// (8 GiB, 50 %) on GPU 0 of 15 GiB: the scheduler placed it for the larger, since the
+    /// two never run together.
+    fn staged_pod() -> PodSandbox {
+        let assignment = r#"{"version":1,"containers":{"prep":[{"gpuIndex":0,"memoryMiB":10240,"corePercent":60}],"main":[{"gpuIndex":0,"memoryMiB":8192,"corePercent":50}]}}"#;
+        PodSandbox {
+            id: "sb".into(),
+            name: "staged".into(),
+            uid: "uid-staged".into(),
+            namespace: "default".into(),
+            annotations: [(ASSIGNMENT_ANNOTATION.to_string(), assignment.to_string())].into(),
+            ..Default::default()
+        }
+    }
+
+    /// A container as containerd presents it, with kubelet's grant.
+    fn ctr(id: &str, name: &str, mem: &str, core: &str, state: NriState) -> Container {
+        Container {
+            id: id.into(),
+            pod_sandbox_id: "sb".into(),
+            name: name.into(),
+            annotations: [
+                (GRANTED_MEM_ANNOTATION.to_string(), mem.to_string()),
+                (GRANTED_CORE_ANNOTATION.to_string(), core.to_string()),
+            ]
+            .into(),
+            state: state.into(),
+            ..Default::default()
+        }
+    }
+
+    /// containerd sends NRI StopContainer when a task exits by itself (its CRI exit handler,
+    /// `WithContainerExit`): a finished init container is then stopped in the registry and
+    /// its share no longer counts, so the app container after it is admitted. While the
+    /// init container runs, the same app container would over-commit the GPU.
+    #[test]
+    fn a_finished_init_container_does_not_hold_its_share() {
+        let node = Node::new(AgentState::in_memory("n"));
+        let pod = staged_pod();
+        let prep = ctr("c-prep", "prep", "10", "60", NriState::CONTAINER_CREATED);
+        let main = ctr("c-main", "main", "8", "50", NriState::CONTAINER_CREATED);
+        assert!(node.create_container(&pod, &prep).unwrap().is_some());
+        node.start_container(&pod, &prep);
+        let e = node.create_container(&pod, &main).unwrap_err();
+        assert!(format!("{e:?}").contains("over-committed"), "{e:?}");
+        node.stop_container(&pod, &prep);
+        assert_eq!(node.registry.committed(0, "").memory_mib, 0);
+        assert!(node.create_container(&pod, &main).unwrap().is_some());
+        let c = node.registry.committed(0, "");
+        assert_eq!((c.memory_mib, c.core_percent), (8192, 50));
+
+        // After a reconnection: Synchronize lists the exited init container as stopped.
+        let node = Node::new(AgentState::in_memory("n"));
+        node.synchronize(&SynchronizeRequest {
+            pods: vec![pod.clone()],
+            containers: vec![ctr(
+                "c-prep",
+                "prep",
+                "10",
+                "60",
+                NriState::CONTAINER_STOPPED,
+            )],
+            more: false,
+            ..Default::default()
+        })
+        .unwrap();
+        assert_eq!(node.registry.snapshot().len(), 1);
+        assert!(node.create_container(&pod, &main).unwrap().is_some());
+    }
+}

@@ -4,8 +4,9 @@
 //! Allocations are *assumed* from the moment `bind` reserves them until the pod is seen bound
 //! (then *bound*), and released when binding fails, the pod terminates or goes away, or an
 //! assumed pod is not seen bound within the assume TTL. After a restart the cache is rebuilt
-//! from the pods' `gpushare.io/assignment` annotations. Pure (no IO): the watch loop and the
-//! HTTP handlers call in.
+//! from the pods' `gpushare.io/assignment` annotations, read with the pods' specs (an init
+//! container's share does not add to the others', as at placement). Pure (no IO): the watch
+//! loop and the HTTP handlers call in.
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
@@ -349,7 +350,9 @@ impl Cluster {
             tracing::warn!(pod = %pod_key(pod), "unreadable {ASSIGNMENT_ANNOTATION}: ignored");
             return;
         };
-        let Ok((gpus, demand)) = demand_of_assignment(&a) else {
+        // Init containers are told from the pod's spec: their shares do not add up.
+        let roles = kubeobjects::container_roles(pod);
+        let Ok((gpus, demand)) = demand_of_assignment(&a, &roles) else {
             return;
         };
         let alloc = Allocation {
@@ -864,6 +867,56 @@ mod tests {
         c.set_node(&node("a", 2, "cgpu", "binpack"));
         let r = c.filter(&pod("q", "2", Some("10")), &names(&["a"]));
         assert!(r.failed_and_unresolvable_nodes.contains_key("a"));
+    }
+
+    /// A pod with a GPU init container holds the larger of the init and the app shares, at
+    /// placement and after a restart alike (the annotation is read with the pod's spec).
+    #[test]
+    fn init_containers_rebuild_to_what_was_placed() {
+        let with_init = |name: &str| {
+            let mut p = pod(name, "2", Some("30"));
+            let mut init = p.spec.as_ref().unwrap().containers[0].clone();
+            init.name = "prep".into();
+            init.resources = Some(ResourceRequirements {
+                limits: Some(
+                    [
+                        ("aliyun.com/gpu-mem".to_string(), Quantity("4".into())),
+                        (
+                            "aliyun.com/gpu-core.percentage".to_string(),
+                            Quantity("50".into()),
+                        ),
+                    ]
+                    .into(),
+                ),
+                ..Default::default()
+            });
+            p.spec.as_mut().unwrap().init_containers = Some(vec![init]);
+            p
+        };
+        let mut c = Cluster::new("binpack", ResourceNames::default(), Duration::from_secs(60));
+        c.set_node(&node("a", 1, "core_mem", "binpack"));
+        let p = with_init("p");
+        let r = c.reserve(&p, "a", TS.into()).unwrap();
+        assert_eq!(
+            r.assignment.containers.keys().collect::<Vec<_>>(),
+            ["main", "prep"]
+        );
+        let held = GpuUsage {
+            memory_allocated_mib: 4096,
+            memory_mib: 15360,
+            core_allocated_milli: 500,
+            pods: 1,
+        };
+        assert_eq!(c.usage()[0].1, [held]);
+        let mut d = Cluster::new("binpack", ResourceNames::default(), Duration::from_secs(60));
+        d.set_node(&node("a", 1, "core_mem", "binpack"));
+        d.observe_pod(&bound(p.clone(), "a", &r.assignment));
+        assert_eq!(d.usage(), c.usage());
+        // What is left is what the max leaves (the sum, 6 GiB and 80 %, would leave less).
+        assert!(
+            d.reserve(&pod("q", "11", Some("50")), "a", TS.into())
+                .is_ok()
+        );
     }
 
     /// Hardening item 8: a node publishing more than 64 GPUs used to panic the node watch

@@ -1,31 +1,51 @@
 //! What a pod asks for, read from its containers' limits, and the assignment a placement
-//! gives it. A pod's GPU containers are placed together: one container may take `gpu-count`
-//! GPUs; several GPU containers (each `gpu-count` 1) share one GPU, each with its own share.
+//! gives it. A pod's GPU containers are placed together, init containers included:
+//! - the containers that run together to the pod's end (app containers and native sidecars):
+//!   one of them may take `gpu-count` GPUs; several (each `gpu-count` 1) share one GPU, each
+//!   with its own share;
+//! - an init container runs on the pod's GPUs: its `gpu-count` must be the pod's;
+//! - all of them have a compute quota, or none does;
+//! - the pod takes what it holds at once ([`lifecycle::peak`]): an init container's share is
+//!   not added to the app containers' (they never run together), a sidecar's is.
+//!
+//! Every GPU container gets its own entry in the assignment, on all of the pod's GPUs.
 
 use k8s_openapi::api::core::v1::{Container, Pod};
 
-use crate::kubeobjects::pod_key;
+use crate::kubeobjects::{pod_containers, pod_key};
 use gpushare_core::echo::Echo;
 use gpushare_core::placement::{GpuDemand, InvalidRequest, Request};
+use gpushare_core::request::lifecycle::{self, Amount, ContainerRole};
 use gpushare_core::request::limits::parse_limits;
 use gpushare_core::request::{
-    ASSIGNMENT_ANNOTATION, ASSIGNMENT_VERSION, Assignment, GpuShare, RequestError, ResourceNames,
+    ASSIGNMENT_VERSION, Assignment, GpuShare, RequestError, ResourceNames,
 };
 
 /// One GPU container's share (per GPU it gets).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ContainerShare {
     pub name: String,
+    pub role: ContainerRole,
     pub count: u32,
     pub memory_mib: u64,
     /// Percent of each GPU; `None` without a compute quota.
     pub core_percent: Option<u32>,
 }
 
+impl ContainerShare {
+    fn amount(&self) -> Amount {
+        Amount {
+            memory_mib: self.memory_mib,
+            core_percent: self.core_percent.unwrap_or(0),
+        }
+    }
+}
+
 /// What the placement engine sees for the pod, and how to split it back per container.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PodDemand {
     pub request: Request,
+    /// In pod order (init containers, then app containers).
     pub containers: Vec<ContainerShare>,
 }
 
@@ -37,13 +57,23 @@ pub enum PodError {
         source: InvalidRequest,
     },
     #[error(
-        "containers {a} and {b} both ask for GPUs and {a} asks for {count_field}={count}; several GPU containers in one pod must each take one GPU (they share it)"
+        "containers {a} and {b} both ask for GPUs and {a} asks for {count_field}={count}; several GPU containers running together in one pod must each take one GPU (they share it)"
     )]
     SeveralMultiGpu {
         a: Echo,
         b: Echo,
         count_field: String,
         count: u32,
+    },
+    #[error(
+        "init container {init} asks for {count_field}={count} but the pod takes {pod_count} GPU(s) (container {other}); an init container runs on the pod's GPUs and must ask for as many"
+    )]
+    InitCount {
+        init: Echo,
+        count_field: String,
+        count: u32,
+        pod_count: u32,
+        other: Echo,
     },
     #[error(
         "container {with} asks for {core_field} and container {without} does not; the GPU containers of one pod must all have a compute quota or none"
@@ -58,7 +88,7 @@ pub enum PodError {
     #[error("the GPU containers of the pod ask for {field} adding up to more than {max}")]
     SumTooLarge { field: String, max: u64 },
     #[error(
-        "the GPU containers of the pod ask for {core_field} {total} in all, more than one GPU (100)"
+        "the GPU containers of the pod ask for {core_field} {total} at once, more than one GPU (100)"
     )]
     CoreOverOneGpu { core_field: String, total: u32 },
 }
@@ -92,10 +122,10 @@ fn limits_of(c: &Container) -> std::collections::HashMap<String, String> {
 pub fn pod_demand(pod: &Pod, names: &ResourceNames) -> Result<Option<PodDemand>, PodError> {
     let name = pod_key(pod).to_string();
     let mut shares: Vec<ContainerShare> = Vec::new();
-    let containers = pod.spec.iter().flat_map(|s| s.containers.iter());
     let mut seen = std::collections::HashSet::new();
-    for c in containers {
-        // The API server refuses such a pod; an extender request may still carry one.
+    for (role, c) in pod_containers(pod) {
+        // The API server refuses such a pod (init and app containers share one name space);
+        // an extender request may still carry one.
         if !seen.insert(c.name.as_str()) {
             return Err(PodError::DuplicateContainer {
                 name: Echo::new(&c.name),
@@ -119,6 +149,7 @@ pub fn pod_demand(pod: &Pod, names: &ResourceNames) -> Result<Option<PodDemand>,
         };
         shares.push(ContainerShare {
             name: c.name.clone(),
+            role,
             count,
             memory_mib,
             core_percent: core_milli.map(|m| m / 10),
@@ -127,42 +158,53 @@ pub fn pod_demand(pod: &Pod, names: &ResourceNames) -> Result<Option<PodDemand>,
     let Some(first) = shares.first() else {
         return Ok(None);
     };
-    if shares.len() > 1 {
-        if let Some(multi) = shares.iter().find(|s| s.count > 1)
-            && let Some(other) = shares.iter().find(|s| s.name != multi.name)
-        {
-            return Err(PodError::SeveralMultiGpu {
-                a: Echo::new(&multi.name),
-                b: Echo::new(&other.name),
-                count_field: names.count.clone(),
-                count: multi.count,
-            });
-        }
-        if let (Some(with), Some(without)) = (
-            shares.iter().find(|s| s.core_percent.is_some()),
-            shares.iter().find(|s| s.core_percent.is_none()),
-        ) {
-            return Err(PodError::MixedCore {
-                with: Echo::new(&with.name),
-                without: Echo::new(&without.name),
-                core_field: names.core.clone(),
-            });
-        }
+    let long_running: Vec<&ContainerShare> =
+        shares.iter().filter(|s| s.role.is_long_running()).collect();
+    if long_running.len() > 1
+        && let Some(multi) = long_running.iter().find(|s| s.count > 1)
+        && let Some(other) = long_running.iter().find(|s| s.name != multi.name)
+    {
+        return Err(PodError::SeveralMultiGpu {
+            a: Echo::new(&multi.name),
+            b: Echo::new(&other.name),
+            count_field: names.count.clone(),
+            count: multi.count,
+        });
+    }
+    // The pod's GPUs: those of the containers that run to its end, else of its first init
+    // container.
+    let reference = long_running.first().copied().unwrap_or(first);
+    let count = reference.count;
+    if let Some(init) = shares
+        .iter()
+        .find(|s| s.role == ContainerRole::Init && s.count != count)
+    {
+        return Err(PodError::InitCount {
+            init: Echo::new(&init.name),
+            count_field: names.count.clone(),
+            count: init.count,
+            pod_count: count,
+            other: Echo::new(&reference.name),
+        });
+    }
+    if let (Some(with), Some(without)) = (
+        shares.iter().find(|s| s.core_percent.is_some()),
+        shares.iter().find(|s| s.core_percent.is_none()),
+    ) {
+        return Err(PodError::MixedCore {
+            with: Echo::new(&with.name),
+            without: Echo::new(&without.name),
+            core_field: names.core.clone(),
+        });
     }
     // Checked: each share is bounded, their number is not (a pod of many containers).
-    let memory_mib = shares
-        .iter()
-        .try_fold(0u64, |acc, s| acc.checked_add(s.memory_mib))
-        .ok_or_else(|| PodError::SumTooLarge {
+    let peak = lifecycle::peak(shares.iter().map(|s| (s.role, s.amount()))).ok_or_else(|| {
+        PodError::SumTooLarge {
             field: names.memory.clone(),
             max: u64::MAX,
-        })?;
-    let core: Option<u32> = first.core_percent.map(|_| {
-        shares
-            .iter()
-            .filter_map(|s| s.core_percent)
-            .fold(0, u32::saturating_add)
-    });
+        }
+    })?;
+    let core = first.core_percent.map(|_| peak.core_percent);
     if let Some(total) = core
         && total > 100
     {
@@ -173,8 +215,8 @@ pub fn pod_demand(pod: &Pod, names: &ResourceNames) -> Result<Option<PodDemand>,
     }
     let mut request = Request::cpu_only(name, 0, 0);
     request.gpu = GpuDemand::Shared {
-        count: first.count,
-        memory_mib,
+        count,
+        memory_mib: peak.memory_mib,
         core_milli: core.map(|c| c * 10),
     };
     Ok(Some(PodDemand {
@@ -184,7 +226,8 @@ pub fn pod_demand(pod: &Pod, names: &ResourceNames) -> Result<Option<PodDemand>,
 }
 
 impl PodDemand {
-    /// The assignment for GPUs `gpus` (index, UUID) of the chosen node.
+    /// The assignment for GPUs `gpus` (index, UUID) of the chosen node: every GPU container,
+    /// init containers and sidecars included, gets its share on each of them.
     pub fn assignment(&self, gpus: &[(u32, String)], timestamp: String) -> Assignment {
         let containers = self
             .containers
@@ -210,28 +253,24 @@ impl PodDemand {
     }
 }
 
-/// What an existing assignment takes from each GPU: (GPU indexes, the engine's demand).
-/// Used to rebuild the cache from pods' annotations after a restart.
-pub fn demand_of_assignment(a: &Assignment) -> Result<(Vec<u32>, GpuDemand), RequestError> {
-    let mut per_gpu: std::collections::BTreeMap<u32, (u64, Option<u32>)> = Default::default();
-    for shares in a.containers.values() {
-        for s in shares {
-            let e = per_gpu.entry(s.gpu_index).or_insert((0, None));
-            // Checked: the annotation bounds each share, not how many there are.
-            e.0 =
-                e.0.checked_add(s.memory_mib)
-                    .ok_or_else(|| RequestError::SumTooLarge {
-                        what: format!("{ASSIGNMENT_ANNOTATION} memoryMiB on GPU {}", s.gpu_index),
-                        max: u64::MAX,
-                    })?;
-            if let Some(c) = s.core_percent {
-                e.1 = Some(e.1.unwrap_or(0).saturating_add(c.clamp(0, 100) as u32));
-            }
-        }
-    }
+/// What an existing assignment takes from each GPU: (GPU indexes, the engine's demand), the
+/// pod holding on each GPU what its containers hold at once. `roles`: the pod's containers in
+/// pod order ([`crate::kubeobjects::container_roles`]); an entry for a container not among
+/// them counts as an app container. Used to rebuild the cache from pods' annotations after a
+/// restart: the same demand the placement took.
+pub fn demand_of_assignment(
+    a: &Assignment,
+    roles: &[(&str, ContainerRole)],
+) -> Result<(Vec<u32>, GpuDemand), RequestError> {
+    let per_gpu = lifecycle::peak_per_gpu(a, roles)?;
     // The engine takes the same amount from each GPU of a pod: the largest.
-    let memory_mib = per_gpu.values().map(|v| v.0).max().unwrap_or(0);
-    let core = per_gpu.values().filter_map(|v| v.1).max();
+    let memory_mib = per_gpu.values().map(|p| p.memory_mib).max().unwrap_or(0);
+    let any_core = a
+        .containers
+        .values()
+        .flatten()
+        .any(|s| s.core_percent.is_some());
+    let core = any_core.then(|| per_gpu.values().map(|p| p.core_percent).max().unwrap_or(0));
     let gpus: Vec<u32> = per_gpu.keys().copied().collect();
     let demand = GpuDemand::Shared {
         count: gpus.len() as u32,
@@ -247,7 +286,31 @@ mod tests {
     use k8s_openapi::api::core::v1::{PodSpec, ResourceRequirements};
     use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
+    fn ctr(name: &str, limits: &[(&str, &str)]) -> Container {
+        Container {
+            name: name.to_string(),
+            resources: Some(ResourceRequirements {
+                limits: Some(
+                    limits
+                        .iter()
+                        .map(|(k, v)| (k.to_string(), Quantity(v.to_string())))
+                        .collect(),
+                ),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
     pub fn pod(containers: &[(&str, &[(&str, &str)])]) -> Pod {
+        pod_with_init(&[], containers)
+    }
+
+    /// Init container: (name, is a sidecar (`restartPolicy: Always`), limits).
+    type Init<'a> = (&'a str, bool, &'a [(&'a str, &'a str)]);
+
+    /// A pod with init containers `init` in that order and app containers `containers`.
+    fn pod_with_init(init: &[Init], containers: &[(&str, &[(&str, &str)])]) -> Pod {
         Pod {
             metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
                 name: Some("p".into()),
@@ -255,22 +318,15 @@ mod tests {
                 ..Default::default()
             },
             spec: Some(PodSpec {
-                containers: containers
-                    .iter()
-                    .map(|(n, limits)| Container {
-                        name: n.to_string(),
-                        resources: Some(ResourceRequirements {
-                            limits: Some(
-                                limits
-                                    .iter()
-                                    .map(|(k, v)| (k.to_string(), Quantity(v.to_string())))
-                                    .collect(),
-                            ),
-                            ..Default::default()
-                        }),
-                        ..Default::default()
-                    })
-                    .collect(),
+                init_containers: Some(
+                    init.iter()
+                        .map(|(n, sidecar, limits)| Container {
+                            restart_policy: sidecar.then(|| "Always".to_string()),
+                            ..ctr(n, limits)
+                        })
+                        .collect(),
+                ),
+                containers: containers.iter().map(|(n, l)| ctr(n, l)).collect(),
                 ..Default::default()
             }),
             ..Default::default()
@@ -317,7 +373,7 @@ mod tests {
         ]));
         assert_eq!(d.request.gpu, shared(1, 3072, Some(500)));
         let (gpus, demand) =
-            demand_of_assignment(&d.assignment(&[(0, String::new())], "t".into())).unwrap();
+            demand_of_assignment(&d.assignment(&[(0, String::new())], "t".into()), &[]).unwrap();
         assert_eq!((gpus, demand), (vec![0], d.request.gpu));
         // Multi-GPU container: memory split over the GPUs.
         let d = gpu_demand(&pod(&[("m", &[(MEM, "8"), (COUNT, "2")])]));
@@ -325,7 +381,7 @@ mod tests {
         assert_eq!(a.containers["m"].len(), 2);
         assert_eq!(a.containers["m"][1].memory_mib, 4096);
         assert_eq!(
-            demand_of_assignment(&a).unwrap(),
+            demand_of_assignment(&a, &[]).unwrap(),
             (vec![0, 3], shared(2, 4096, None))
         );
     }
@@ -355,7 +411,7 @@ mod tests {
             &n,
         )
         .unwrap_err();
-        assert!(e.to_string().contains("120 in all"), "{e}");
+        assert!(e.to_string().contains("120 at once"), "{e}");
         let e = pod_demand(
             &pod(&[("a", &[(MEM, "4"), (COUNT, "2")]), ("b", &[(MEM, "2")])]),
             &n,
@@ -383,7 +439,7 @@ mod tests {
             ]
             .into(),
         };
-        let e = demand_of_assignment(&a).unwrap_err().to_string();
+        let e = demand_of_assignment(&a, &[]).unwrap_err().to_string();
         assert_eq!(
             e,
             "gpushare.io/assignment memoryMiB on GPU 0 adds up to more than 18446744073709551615"
@@ -423,6 +479,202 @@ mod tests {
         assert_eq!(
             e.to_string(),
             r#"container "main": aliyun.com/gpu-mem "99999999999999999999" is out of range: expected an integer in [1, 17179869183]"#
+        );
+    }
+
+    /// The demand an assignment gives back with the pod's roles: what the cache rebuilds
+    /// after a restart must be what the placement took.
+    fn rebuilt(p: &Pod, d: &PodDemand, gpus: &[(u32, String)]) -> (Vec<u32>, GpuDemand) {
+        let roles = crate::kubeobjects::container_roles(p);
+        demand_of_assignment(&d.assignment(gpus, "t".into()), &roles).unwrap()
+    }
+
+    #[test]
+    fn an_init_container_takes_the_max_not_the_sum() {
+        // Init 4 GiB, app 2 GiB: the pod takes 4 GiB.
+        let p = pod_with_init(
+            &[("prep", false, &[(MEM, "4")])],
+            &[("main", &[(MEM, "2")])],
+        );
+        let d = gpu_demand(&p);
+        assert_eq!(d.request.gpu, shared(1, 4096, None));
+        // Both have an entry on the pod's GPU, each with its own share.
+        let a = d.assignment(&[(2, "GPU-2".into())], "t".into());
+        assert_eq!(
+            a.to_json(),
+            r#"{"version":1,"timestamp":"t","containers":{"main":[{"gpuIndex":2,"gpuUuid":"GPU-2","memoryMiB":2048}],"prep":[{"gpuIndex":2,"gpuUuid":"GPU-2","memoryMiB":4096}]}}"#
+        );
+        assert_eq!(
+            rebuilt(&p, &d, &[(2, String::new())]),
+            (vec![2], d.request.gpu)
+        );
+        // Read without the pod's spec, both count as app containers: never less.
+        assert_eq!(
+            demand_of_assignment(&a, &[]).unwrap(),
+            (vec![2], shared(1, 6144, None))
+        );
+
+        // Compute by itself: init 1 GiB / 50 %, app 2 GiB / 30 % → 2 GiB / 50 %.
+        let p = pod_with_init(
+            &[("prep", false, &[(MEM, "1"), (CORE, "50")])],
+            &[("main", &[(MEM, "2"), (CORE, "30")])],
+        );
+        let d = gpu_demand(&p);
+        assert_eq!(d.request.gpu, shared(1, 2048, Some(500)));
+        assert_eq!(
+            rebuilt(&p, &d, &[(0, String::new())]),
+            (vec![0], d.request.gpu)
+        );
+        // Init containers run one at a time; 60 + 50 % is no refusal.
+        let p = pod_with_init(
+            &[
+                ("a", false, &[(MEM, "3"), (CORE, "60")]),
+                ("b", false, &[(MEM, "1"), (CORE, "50")]),
+            ],
+            &[("main", &[(MEM, "2"), (CORE, "40")])],
+        );
+        assert_eq!(gpu_demand(&p).request.gpu, shared(1, 3072, Some(600)));
+        // A GPU init container in a pod whose app containers ask for none.
+        let p = pod_with_init(
+            &[("prep", false, &[(MEM, "2"), (CORE, "20")])],
+            &[("main", &[("cpu", "1")])],
+        );
+        let d = gpu_demand(&p);
+        assert_eq!(d.request.gpu, shared(1, 2048, Some(200)));
+        let a = d.assignment(&[(0, String::new())], "t".into());
+        assert_eq!(a.containers.keys().collect::<Vec<_>>(), ["prep"]);
+    }
+
+    #[test]
+    fn a_sidecar_runs_alongside_what_comes_after_it() {
+        // Sidecar 1 GiB, then init 2 GiB, then app 2 GiB: 1 + 2 at either time → 3 GiB.
+        let p = pod_with_init(
+            &[
+                ("proxy", true, &[(MEM, "1"), (CORE, "10")]),
+                ("prep", false, &[(MEM, "2"), (CORE, "20")]),
+            ],
+            &[("main", &[(MEM, "2"), (CORE, "30")])],
+        );
+        let d = gpu_demand(&p);
+        assert_eq!(d.request.gpu, shared(1, 3072, Some(400)));
+        let a = d.assignment(&[(1, String::new())], "t".into());
+        assert_eq!(a.containers.len(), 3);
+        assert_eq!(a.containers["proxy"][0].memory_mib, 1024);
+        assert_eq!(
+            rebuilt(&p, &d, &[(1, String::new())]),
+            (vec![1], d.request.gpu)
+        );
+        // A sidecar counts among the containers that share one GPU.
+        let e = pod_demand(
+            &pod_with_init(
+                &[("proxy", true, &[(MEM, "4"), (COUNT, "2")])],
+                &[("main", &[(MEM, "2")])],
+            ),
+            &ResourceNames::default(),
+        )
+        .unwrap_err();
+        assert!(
+            e.to_string().contains(r#"containers "proxy" and "main""#),
+            "{e}"
+        );
+        // Sidecar + app over one GPU's compute is refused.
+        let e = pod_demand(
+            &pod_with_init(
+                &[("proxy", true, &[(MEM, "1"), (CORE, "60")])],
+                &[("main", &[(MEM, "1"), (CORE, "50")])],
+            ),
+            &ResourceNames::default(),
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("110 at once"), "{e}");
+    }
+
+    #[test]
+    fn an_init_container_takes_the_pods_gpu_count() {
+        let n = ResourceNames::default();
+        let e = pod_demand(
+            &pod_with_init(
+                &[("prep", false, &[(MEM, "4"), (COUNT, "2")])],
+                &[("main", &[(MEM, "2")])],
+            ),
+            &n,
+        )
+        .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            r#"init container "prep" asks for aliyun.com/gpu-count=2 but the pod takes 1 GPU(s) (container "main"); an init container runs on the pod's GPUs and must ask for as many"#
+        );
+        // Without a long-running GPU container the first init container sets the count.
+        let e = pod_demand(
+            &pod_with_init(
+                &[
+                    ("a", false, &[(MEM, "4"), (COUNT, "2")]),
+                    ("b", false, &[(MEM, "2")]),
+                ],
+                &[("main", &[])],
+            ),
+            &n,
+        )
+        .unwrap_err();
+        assert!(
+            e.to_string().starts_with(
+                r#"init container "b" asks for aliyun.com/gpu-count=1 but the pod takes 2 GPU(s) (container "a")"#
+            ),
+            "{e}"
+        );
+        // The same count: an entry on each of the pod's GPUs.
+        let p = pod_with_init(
+            &[("prep", false, &[(MEM, "8"), (COUNT, "2")])],
+            &[("main", &[(MEM, "4"), (COUNT, "2")])],
+        );
+        let d = gpu_demand(&p);
+        assert_eq!(d.request.gpu, shared(2, 4096, None));
+        let gpus = [(0, String::new()), (3, String::new())];
+        let a = d.assignment(&gpus, "t".into());
+        assert_eq!(a.containers["prep"].len(), 2);
+        assert_eq!(a.containers["prep"][1].memory_mib, 4096);
+        assert_eq!(a.containers["main"][1].memory_mib, 2048);
+        assert_eq!(rebuilt(&p, &d, &gpus), (vec![0, 3], d.request.gpu));
+    }
+
+    #[test]
+    fn init_containers_keep_the_pods_rules() {
+        let n = ResourceNames::default();
+        // Compute quota on all or none, init containers included.
+        let e = pod_demand(
+            &pod_with_init(
+                &[("prep", false, &[(MEM, "2")])],
+                &[("main", &[(MEM, "2"), (CORE, "30")])],
+            ),
+            &n,
+        )
+        .unwrap_err();
+        assert!(
+            e.to_string().contains(r#"container "main" asks for aliyun.com/gpu-core.percentage and container "prep" does not"#),
+            "{e}"
+        );
+        // Names are unique across init and app containers.
+        let e = pod_demand(
+            &pod_with_init(
+                &[("main", false, &[(MEM, "2")])],
+                &[("main", &[(MEM, "2")])],
+            ),
+            &n,
+        )
+        .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            r#"the pod has two containers named "main" (container names must be unique)"#
+        );
+        // An init container's own limits are checked, naming it.
+        let e = pod_demand(
+            &pod_with_init(&[("prep", false, &[(MEM, "2"), (CORE, "33")])], &[]),
+            &n,
+        )
+        .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            r#"container "prep": aliyun.com/gpu-core.percentage 33 is not a multiple of 5"#
         );
     }
 }

@@ -330,4 +330,88 @@ e2e_check "allocatable gpu-core.percentage is back to 400" wait_for 30 "core 400
 pod_yaml after 1 10 'sleep 3600' | kc apply -f - >/dev/null
 e2e_check "a new GPU pod is granted and runs after the kubelet restart" wait_for 120 "after running" running after
 
+echo "=== 8. a GPU init container (10 GiB, 20 %) before the app container (8 GiB, 10 %)"
+# They never run together: the pod takes 10 GiB / 20 % (the larger), not 18 GiB / 30 % (no
+# GPU has that much); each container gets its own share, and the init container's is free
+# again once it has exited.
+wait_for 120 "many- pods gone" bash -c "! $K8S_KUBECTL get pods -o name | grep -q '^pod/many-'" || true
+GPU_ENV='env | grep ^GPUSHARE_GPU_ | sort'
+kc apply -f - >/dev/null <<EOF
+apiVersion: v1
+kind: Pod
+metadata:
+  name: staged
+  labels: {app: gpushare-e2e}
+spec:
+  terminationGracePeriodSeconds: 1
+  automountServiceAccountToken: false
+  restartPolicy: Never
+  initContainers:
+  - name: prep
+    image: $E2E_BUSYBOX_IMAGE
+    imagePullPolicy: Never
+    command: ["sh", "-c", "$GPU_ENV"]
+    resources:
+      limits: {aliyun.com/gpu-mem: "10", aliyun.com/gpu-core.percentage: "20"}
+  containers:
+  - name: main
+    image: $E2E_BUSYBOX_IMAGE
+    imagePullPolicy: Never
+    command: ["sh", "-c", "$GPU_ENV; sleep 3600"]
+    resources:
+      limits: {aliyun.com/gpu-mem: "8", aliyun.com/gpu-core.percentage: "10"}
+EOF
+e2e_check "the pod with a GPU init container is scheduled and runs" wait_for 120 "staged running" running staged
+staged_shares() { kc get pod staged -o json | jq -c '.metadata.annotations["gpushare.io/assignment"] | fromjson | .containers'; }
+echo "staged assignment: $(staged_shares)"
+e2e_check "the assignment gives the init and the app container each its own share, on one GPU" \
+    jq -e '(.prep | length == 1 and .[0].memoryMiB == 10240 and .[0].corePercent == 20)
+        and (.main | length == 1 and .[0].memoryMiB == 8192 and .[0].corePercent == 10)
+        and .prep[0].gpuIndex == .main[0].gpuIndex' <<<"$(staged_shares)"
+prep_log=$(kc logs staged -c prep 2>&1) || true
+main_log=$(kc logs staged -c main 2>&1) || true
+echo "prep saw: $(tr '\n' ' ' <<<"$prep_log")"
+echo "main sees: $(tr '\n' ' ' <<<"$main_log")"
+e2e_check "the init container saw its own share (GPUSHARE_GPU_MEMORY_MIB=10240, core 20)" \
+    bash -c 'grep -qx GPUSHARE_GPU_MEMORY_MIB=10240 <<<"$1" && grep -qx GPUSHARE_GPU_CORE_PERCENT=20 <<<"$1"' _ "$prep_log"
+e2e_check "the app container sees its own share (GPUSHARE_GPU_MEMORY_MIB=8192, core 10)" \
+    bash -c 'grep -qx GPUSHARE_GPU_MEMORY_MIB=8192 <<<"$1" && grep -qx GPUSHARE_GPU_CORE_PERCENT=10 <<<"$1"' _ "$main_log"
+# kubelet allocates the init container's devices first and hands some of them on to the app
+# container (devicesToReuse); each is granted its own count, which the agent checks.
+grant_of() { # CONTAINER of staged -> granted-mem/granted-core as kubelet created it
+    local id
+    id=$(kc get pod staged -o json | jq -r --arg c "$1" \
+        '[.status.initContainerStatuses[]?, .status.containerStatuses[]?] | .[] | select(.name == $c) | .containerID' | sed 's|.*://||')
+    e2e_crictl inspect "$id" | jq -r '.status.annotations | "\(.["gpushare.io/granted-mem"])/\(.["gpushare.io/granted-core"])"'
+}
+prep_grant=$(grant_of prep) || true
+main_grant=$(grant_of main) || true
+echo "grants (mem/core): prep $prep_grant, main $main_grant"
+e2e_check "kubelet granted the init container 10/20 and the app container 8/10" \
+    test "$prep_grant $main_grant" = "10/20 8/10"
+e2e_check "the agent holds the exited init container as stopped (its share free again)" bash -c \
+    "curl -fsS 127.0.0.1:$STATUS_PORT/registry | jq -e '[.. | objects | select(.pod_name? == \"staged\" and .container_name? == \"prep\")] | length == 1 and all(.state == \"stopped\")'"
+e2e_check "… and refused no container of the pod (the app container was admitted at once)" bash -c \
+    "! grep 'GPU container refused' '$ROOT/agent.log' | grep -q staged"
+inspect_json=$("$BIN" inspect --kubeconfig "$KUBECONFIG" --json 2>&1) || true
+# On the pod's GPU, allocated minus the other pods' shares is what the pod holds.
+staged_held=$(jq -r '.nodes[].gpus[] | select(any(.shares[]; .pod == "staged"))
+    | "\(.memoryAllocatedMiB - ([.shares[] | select(.pod != "staged") | .memoryMiB] | add // 0)) MiB, \(.coreAllocated - ([.shares[] | select(.pod != "staged") | .corePercent // 0] | add // 0)) %"' \
+    <<<"$inspect_json") || true
+echo "inspect: staged holds $staged_held of its GPU"
+e2e_check "inspect shows the pod holding the larger share (10240 MiB, 20 %), not the sum" \
+    test "$staged_held" = "10240 MiB, 20 %"
+e2e_check "… and lists the init container's share as init" \
+    jq -e '[.nodes[].gpus[].shares[] | select(.pod == "staged" and .container == "prep")] | length == 1 and .[0].role == "init"' <<<"$inspect_json"
+# Restarted, the extender rebuilds the same books from the annotation and the pod's spec.
+usage_before=$(ext_curl allocations | jq -c .usage) || true
+kill -9 "$EXT_PID"
+wait "$EXT_PID" 2>/dev/null || true
+EXT_PID=
+e2e_require "extender restarted" start_extender
+usage_after=$(ext_curl allocations | jq -c .usage) || true
+echo "extender usage before the restart: $usage_before; after: $usage_after"
+e2e_check "the restarted extender holds what it placed (the init share not added)" \
+    test "$usage_before" = "$usage_after"
+
 e2e_summary

@@ -1,10 +1,12 @@
 //! The request contract, parsed and validated in one place: pod limits and the device
-//! plugin's grant ([`limits`]), the scheduler's assignment annotation ([`assignment`]), and
+//! plugin's grant ([`limits`]), the scheduler's assignment annotation ([`assignment`]), what
+//! a pod holds at once given when its containers run ([`lifecycle`]), and
 //! [`container_request`], which decides what one container gets on this node.
 //!
 //! Pure: no IO. Every error names the field and the value.
 
 pub mod assignment;
+pub mod lifecycle;
 pub mod limits;
 pub mod node;
 
