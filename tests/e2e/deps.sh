@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Installs what the e2e tests and the demo need from Debian's packages when it is missing:
-# runc (containerd's runtime), busybox-static (the local images), jq and curl.
-# containerd and crictl are built from the Go module proxy by lib.sh (e2e_build_peers).
+# runc (containerd's runtime), busybox-static (the local images), jq and curl, and Debian's
+# own containerd 1.6 (no NRI: the runtime wrapper's e2e). containerd 2.x and 1.7 and crictl
+# are built from the Go module proxy by lib.sh (e2e_build_peers).
 set -euo pipefail
 need=()
 command -v runc >/dev/null || need+=(runc)
 dpkg -s busybox-static >/dev/null 2>&1 || need+=(busybox-static)
 command -v jq >/dev/null || need+=(jq)
 command -v curl >/dev/null || need+=(curl)
+[[ -x /usr/bin/containerd && -x /usr/bin/containerd-shim-runc-v2 ]] || need+=(containerd)
 command -v go >/dev/null || need+=(golang-go)
 command -v objdump >/dev/null || need+=(binutils)
 command -v pip3 >/dev/null || need+=(python3-pip)
@@ -22,6 +24,11 @@ if ((${#need[@]})); then
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq >/dev/null || true
     apt-get install -y -qq "${need[@]}" >/dev/null
+    # The package enables its service where systemd runs; the tests start their own.
+    if [[ " ${need[*]} " == *" containerd "* ]] && command -v systemctl >/dev/null &&
+        systemctl is-active --quiet containerd 2>/dev/null; then
+        systemctl disable --now containerd >/dev/null 2>&1 || true
+    fi
 fi
 
 # The shipped limiter library is linked against an old glibc (it is loaded into the CUDA

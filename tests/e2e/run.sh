@@ -126,10 +126,15 @@ only_gpu_node() { # CID WANT: the container's /dev/nvidiaN list is exactly WANT
     [[ $got == "$2" ]]
 }
 
-# The environment of the container's main process (PID 1). (What `crictl exec` gives a new
-# process is the spec containerd stored; under the runtime wrapper that is the spec before
-# the adjustment — the devices, mounts and limiter apply to exec'd processes all the same.)
-init_env() { in_ctr "$1" cat /proc/1/environ | tr '\0' '\n'; }
+# The environment of the container's main process, read on the host. (What `crictl exec`
+# gives a new process is the spec containerd stored; under the runtime wrapper that is the
+# spec before the adjustment — the devices, mounts and limiter apply to exec'd processes all
+# the same.)
+init_env() {
+    local pid
+    pid=$(e2e_crictl inspect -o go-template --template '{{.info.pid}}' "$1") || return 1
+    tr '\0' '\n' <"/proc/$pid/environ"
+}
 
 env_is() { # CID NAME VALUE
     local got
