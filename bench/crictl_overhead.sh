@@ -11,6 +11,11 @@
 #   GPUSHARE_BENCH_TMPFS   0 to keep containerd's root on the disk under /tmp (default: tmpfs)
 #   GPUSHARE_BENCH_POD     gpu (default) or plain: a pod without GPU annotations, which the
 #                          plugin passes through (isolates what NRI itself costs)
+#   GPUSHARE_BENCH_PATH    nri (default) or wrapper: instead of the NRI plugin on containerd
+#                          2.x, the runtime wrapper on Debian's containerd 1.6 — "with" is a
+#                          pod of the runtime handler `gpushare` (runc = gpushare-runtime),
+#                          "without" one of the plain runc handler, the agent serving the
+#                          wrapper throughout.
 #
 # Design (for a fair comparison):
 #   * One containerd 2.x instance (tests/e2e/lib.sh), one pod and container config for both
@@ -60,8 +65,17 @@ trap cleanup EXIT
 
 now_us() { local t=${EPOCHREALTIME//[!0-9]/}; echo "$((10#$t))"; }
 
+BENCH_PATH=${GPUSHARE_BENCH_PATH:-nri}
+case $BENCH_PATH in
+nri) LINK=() ;;
+wrapper) LINK=(--runtime gpushare) ;;
+*) echo "bench: GPUSHARE_BENCH_PATH must be nri or wrapper" >&2; exit 2 ;;
+esac
+
 start_agent() {
-    "$BIN" node --nri-socket "$E2E_NRI_SOCK" --gpu-backend sim --dev-root "$E2E_ROOT/simdev" \
+    local link=(--nri-socket "$E2E_NRI_SOCK")
+    [[ $BENCH_PATH == nri ]] || link=(--no-nri --runtime-socket "$E2E_ROOT/runtime.sock")
+    "$BIN" node "${link[@]}" --gpu-backend sim --dev-root "$E2E_ROOT/simdev" \
         --node-name bench-node --status-listen "127.0.0.1:$PORT" \
         --log-file "$E2E_ROOT/agent.log" --state-dir "$E2E_ROOT/agent-state" \
         --limiter-library "$(dirname "$BIN")/libgpushare_limiter.so" "${AGENT_ARGS[@]}" &
@@ -94,29 +108,33 @@ plain) POD_ANN='{}' CTR_ANN='{}' ;;
 *) echo "bench: GPUSHARE_BENCH_POD must be gpu or plain" >&2; exit 2 ;;
 esac
 
-# one_pod NAME [CHECK]: runp, then timed create + start, then rmp -f. Prints
-# "CREATE_US START_US". CHECK (on|off) verifies the plugin's env is (not) in the spec
-# (for plain pods: never in it).
+# one_pod NAME MODE [CHECK]: runp, then timed create + start, then rmp -f. Prints
+# "CREATE_US START_US". CHECK (yes) verifies the plugin's env is in the container's
+# environment in MODE on and not in MODE off (for plain pods: never in it).
 one_pod() {
-    local name=$1 check=${2:-} pod ctr t0 t1 t2 has
+    local name=$1 mode=$2 check=${3:-} pod ctr t0 t1 t2 has
     e2e_pod_json "$name" "uid-$name" "$POD_ANN" >"$E2E_ROOT/pod.json"
     e2e_ctr_json main "$CTR_ANN" >"$E2E_ROOT/ctr.json"
-    pod=$(e2e_crictl runp "$E2E_ROOT/pod.json")
+    local handler=()
+    # The wrapper path: "with" is the gpushare handler's pod.
+    [[ $BENCH_PATH == nri || $mode == off ]] || handler=("${LINK[@]}")
+    pod=$(e2e_crictl runp "${handler[@]}" "$E2E_ROOT/pod.json")
     t0=$(now_us)
     ctr=$(e2e_crictl create "$pod" "$E2E_ROOT/ctr.json" "$E2E_ROOT/pod.json")
     t1=$(now_us)
     e2e_crictl start "$ctr" >/dev/null
     t2=$(now_us)
-    [[ $POD_KIND == gpu ]] || check=${check:+off}
     if [[ -n $check ]]; then
+        [[ $POD_KIND == gpu ]] || mode=off
         has=off
-        if e2e_crictl inspect "$ctr" |
-            jq -e '.info.runtimeSpec.process.env | any(startswith("GPUSHARE_GPU_MEMORY_MIB="))' \
-                >/dev/null; then
+        # The main process's environment, read on the host (the wrapper adjusts the
+        # bundle, not the spec containerd stores).
+        if tr '\0' '\n' <"/proc/$(e2e_crictl inspect -o go-template --template '{{.info.pid}}' "$ctr")/environ" |
+            grep -q '^GPUSHARE_GPU_MEMORY_MIB='; then
             has=on
         fi
-        if [[ $has != "$check" ]]; then
-            echo "bench: mode $check, but the plugin's env is $has in $name's spec" >&2
+        if [[ $has != "$mode" ]]; then
+            echo "bench: mode $mode, but the plugin's env is $has in $name's environment" >&2
             return 1
         fi
     fi
@@ -127,13 +145,15 @@ one_pod() {
 # measure MODE ROUND: switch to MODE (on|off), warm up, time PODS pods into $raw.
 measure() {
     local mode=$1 round=$2 i s
-    [[ $mode == off ]] || start_agent # each measurement starts and ends without the agent
-    one_pod "warm-$mode-$round" "$mode" >/dev/null
+    # Each NRI measurement starts and ends without the agent; the wrapper's agent runs
+    # throughout (the handler makes the difference).
+    [[ $mode == off || $BENCH_PATH == wrapper ]] || start_agent
+    one_pod "warm-$mode-$round" "$mode" yes >/dev/null
     for ((i = 0; i < PODS; i++)); do
-        s=$(one_pod "b-$mode-$round-$i")
+        s=$(one_pod "b-$mode-$round-$i" "$mode")
         echo "$mode $round $s" >>"$raw"
     done
-    [[ $mode == off ]] || kill_agent
+    [[ $mode == off || $BENCH_PATH == wrapper ]] || kill_agent
     echo "bench: round $round, plugin $mode: $PODS pods" >&2
 }
 
@@ -153,7 +173,17 @@ if [[ ${GPUSHARE_BENCH_TMPFS:-1} != 0 ]]; then
     mount -t tmpfs -o size=4g,mode=0755 gpushare-bench "$root"
     root=$root/${root##*/} # unique name: it also names the pods' cgroup parent
 fi
-e2e_start_containerd 2 "$root"
+if [[ $BENCH_PATH == wrapper ]]; then
+    mkdir -p "$root/bin"
+    ln -sf "$BIN" "$root/bin/gpushare-runtime"
+    printf 'runtime = "%s"\nsocket = "%s"\n' "$(command -v runc || echo /usr/sbin/runc)" \
+        "$root/runtime.sock" >"$root/runtime.toml"
+    export E2E_WRAPPER_HANDLER=$root/bin/gpushare-runtime GPUSHARE_RUNTIME_CONFIG=$root/runtime.toml
+    e2e_start_containerd 1.6 "$root"
+    start_agent
+else
+    e2e_start_containerd 2 "$root"
+fi
 raw=$E2E_ROOT/raw.txt
 : >"$raw"
 for ((r = 0; r < ROUNDS; r++)); do
@@ -162,7 +192,11 @@ for ((r = 0; r < ROUNDS; r++)); do
 done
 
 echo
-echo "crictl create + start on containerd $E2E_CONTAINERD2_VERSION (runc $(runc --version | sed -n 's/^runc version //p')):"
+if [[ $BENCH_PATH == wrapper ]]; then
+    echo "crictl create + start on containerd $(containerd --version | cut -d' ' -f3) through gpushare-runtime (runc $(runc --version | sed -n 's/^runc version //p')):"
+else
+    echo "crictl create + start on containerd $E2E_CONTAINERD2_VERSION (runc $(runc --version | sed -n 's/^runc version //p')):"
+fi
 echo "$ROUNDS rounds x $PODS pods per mode, ABBA order; $(nproc) CPUs, $(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1)"
 echo "agent: $BIN node --gpu-backend sim${AGENT_ARGS[*]:+ ${AGENT_ARGS[*]}}; $POD_KIND pods"
 echo "load average before: $load_before, after: $(cut -d' ' -f1-3 /proc/loadavg)"

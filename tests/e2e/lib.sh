@@ -272,6 +272,22 @@ EOF
       container_annotations = ["gpushare.io/granted-*"]
       [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
         $runc_opts
+EOF
+            # E2E_WRAPPER_HANDLER=BINARY: a second runtime handler, `gpushare`, whose runc is
+            # BINARY (pods pick it with `crictl runp --runtime gpushare`).
+            if [[ -n ${E2E_WRAPPER_HANDLER:-} ]]; then
+                cat <<EOF
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.gpushare]
+      runtime_type = "io.containerd.runc.v2"
+      pod_annotations = ["gpushare.io/assignment"]
+      container_annotations = ["gpushare.io/granted-*"]
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.gpushare.options]
+        SystemdCgroup = false
+        Root = "$root/runc"
+        BinaryName = "$E2E_WRAPPER_HANDLER"
+EOF
+            fi
+            cat <<EOF
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "$root/cni/bin"
     conf_dir = "$root/cni/net.d"
