@@ -6,7 +6,7 @@ CARGO ?= cargo
 BIN := target/release/gpushare
 comma := ,
 
-.PHONY: all build demo test unit fuzz e2e e2e-chaos e2e-k8s lint bench bench-throttle bench-pack bench-extender deps gpu-check
+.PHONY: all build demo test unit fuzz e2e e2e-chaos e2e-k8s conformance lint bench bench-throttle bench-pack bench-extender deps gpu-check
 
 all: build
 
@@ -70,6 +70,17 @@ e2e-chaos: build
 		bash tests/e2e/deps.sh && bash tests/e2e/chaos.sh; \
 	fi
 
+# cri-tools' validation suite, critest 1.37.0 (tests/e2e/conformance.sh, ~3 min), against
+# containerd 2 without and then with the agent attached: every test that passes without it
+# must pass with it. critest, ginkgo and the image registry are built from Go modules into
+# target/peers the first time. Logs: target/e2e-conformance/. Root only, like e2e.
+conformance: build
+	@if [[ $$EUID -ne 0 && "$${CI:-}" != "true" ]]; then \
+		echo "SKIP conformance: needs root (containerd, runc, CNI); run 'sudo make conformance'"; \
+	else \
+		bash tests/e2e/deps.sh && bash tests/e2e/conformance.sh; \
+	fi
+
 # The seed walkthrough on a real one-node Kubernetes 1.36.3 cluster (built from Go modules into
 # target/peers; the first build takes ~10 min, later runs reuse it). Root only, like e2e.
 e2e-k8s: build
@@ -79,7 +90,7 @@ e2e-k8s: build
 		bash tests/e2e/deps.sh && bash tests/e2e-k8s/run.sh && bash tests/e2e-k8s/admission_check.sh; \
 	fi
 
-test: unit e2e e2e-chaos e2e-k8s
+test: unit e2e e2e-chaos e2e-k8s conformance
 
 lint:
 	$(CARGO) fmt --check

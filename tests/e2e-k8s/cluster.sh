@@ -173,19 +173,6 @@ k8s_kubectl() {
     "$K8S_KUBECTL" --kubeconfig "$K8S_ROOT/admin.kubeconfig" "$@"
 }
 
-_k8s_ensure_cni_plugins() {
-    [[ -x /usr/lib/cni/bridge && -x /usr/lib/cni/host-local && -x /usr/lib/cni/loopback &&
-        -x /usr/lib/cni/portmap ]] && return 0
-    k8s_log "installing containernetworking-plugins (apt-get)"
-    { apt-get install -y -qq containernetworking-plugins >/dev/null 2>&1 ||
-        { apt-get update -qq >/dev/null 2>&1 &&
-            apt-get install -y -qq containernetworking-plugins >/dev/null 2>&1; }; } || {
-        k8s_log "could not install containernetworking-plugins"
-        return 1
-    }
-    [[ -x /usr/lib/cni/bridge ]]
-}
-
 # The node's IPv4: K8S_NODE_IP, else the default route's source address, else
 # the first global IPv4 address. (kubelet refuses loopback node IPs.)
 _k8s_node_ip() {
@@ -427,36 +414,6 @@ _k8s_start_scheduler() {
         --bind-address 127.0.0.1 --secure-port "$K8S_SCHEDULER_PORT"
     _k8s_wait scheduler 90 "kube-scheduler /healthz" \
         _k8s_https_ok "https://127.0.0.1:$K8S_SCHEDULER_PORT/healthz"
-}
-
-_k8s_write_cni_config() { # containerd root
-    local r=$1 f
-    mkdir -p "$r/cni/bin" "$r/cni/net.d" "$K8S_ROOT/cni-ipam" || return 1
-    for f in /usr/lib/cni/*; do
-        ln -sf "$f" "$r/cni/bin/${f##*/}"
-    done
-    cat >"$r/cni/net.d/10-gpushare-e2e.conflist" <<EOF
-{
-  "cniVersion": "1.0.0",
-  "name": "gpushare-e2e",
-  "plugins": [
-    {
-      "type": "bridge",
-      "bridge": "$K8S_CNI_BRIDGE",
-      "isGateway": true,
-      "ipMasq": false,
-      "hairpinMode": true,
-      "ipam": {
-        "type": "host-local",
-        "dataDir": "$K8S_ROOT/cni-ipam",
-        "ranges": [[{ "subnet": "$K8S_POD_SUBNET" }]],
-        "routes": [{ "dst": "0.0.0.0/0" }]
-      }
-    },
-    { "type": "portmap", "capabilities": { "portMappings": true } }
-  ]
-}
-EOF
 }
 
 # The kubelet's cgroup root must exist in every hierarchy it uses.
@@ -705,7 +662,7 @@ k8s_up() {
         return 1
     }
     k8s_build_peers || return 1
-    _k8s_ensure_cni_plugins || return 1
+    e2e_ensure_cni_plugins || return 1
 
     mkdir -p "$root" || return 1
     root=$(cd "$root" && pwd -P) || return 1
@@ -749,7 +706,8 @@ k8s_up() {
     _k8s_start_scheduler || return 1
 
     # containerd (NRI on) with CNI: config written before it starts.
-    _k8s_write_cni_config "$root/containerd" || return 1
+    e2e_write_cni_config "$root/containerd" "$K8S_CNI_BRIDGE" "$K8S_POD_SUBNET" \
+        "$K8S_ROOT/cni-ipam" || return 1
     e2e_start_containerd 2 "$root/containerd" || return 1
     export K8S_CONTAINERD_SOCK=$E2E_CONTAINERD_SOCK
     export K8S_NRI_SOCK=$E2E_NRI_SOCK

@@ -24,7 +24,6 @@ source "$here/lib.sh"
 BIN=${GPUSHARE_BIN:-$repo/target/release/gpushare}
 [[ -x $BIN ]] || { echo "e2e: $BIN not built (make build)" >&2; exit 1; }
 REL=$(dirname "$BIN")
-LIMITER=$REL/libgpushare_limiter.so
 PORT=${GPUSHARE_E2E_CHAOS_PORT:-19403}
 KILLS=10
 THROTTLED=50 # busy containers under their quota during the kills
@@ -64,18 +63,9 @@ now_ms() { # milliseconds since the epoch, in NOW_MS (no subshell: used in polli
 
 ms_sleep() { sleep "$(($1 / 1000)).$(printf %03d $(($1 % 1000)))"; }
 
-status() { curl -fsS --max-time 5 "http://127.0.0.1:$PORT/$1"; }
+status() { e2e_agent_status "$PORT" "$1"; }
 
-wait_healthy() { # wait until the agent is registered with the runtime and synchronized
-    local i
-    for ((i = 0; i < 300; i++)); do
-        status healthz >/dev/null 2>&1 && return 0
-        sleep 0.05
-    done
-    echo "agent not healthy after 15 s; log tail:" >&2
-    tail -20 "$E2E_ROOT/agent.log" >&2 || true
-    return 1
-}
+wait_healthy() { e2e_agent_wait_healthy "$PORT" 15; }
 
 # gpu-mem is counted in MiB on this node (kubelet grants 512 for 512 MiB), so that 512 MiB
 # shares can be granted.
@@ -83,10 +73,8 @@ launch_agent() { # start the agent in the background; AGENT_T0 is when (ms)
     [[ -f $E2E_ROOT/agent.toml ]] || printf '[resources]\nmemory_unit = "MiB"\n' >"$E2E_ROOT/agent.toml"
     now_ms
     AGENT_T0=$NOW_MS
-    "$BIN" node --config "$E2E_ROOT/agent.toml" --nri-socket "$E2E_NRI_SOCK" --gpu-backend sim --dev-root "$E2E_ROOT/simdev" \
-        --node-name e2e-node --status-listen "127.0.0.1:$PORT" --log-file "$E2E_ROOT/agent.log" \
-        --state-dir "$E2E_ROOT/state" --limiter-library "$LIMITER" --sim-driver-dir "$DRIVER_DIR" &
-    AGENT_PID=$!
+    e2e_agent_launch "$BIN" "$PORT" "$DRIVER_DIR" --config "$E2E_ROOT/agent.toml"
+    AGENT_PID=$E2E_AGENT_PID
 }
 
 start_agent() { launch_agent && wait_healthy; }

@@ -20,7 +20,11 @@
 #
 # Public functions (see each for details):
 #   e2e_build_peers                         build missing containerd/crictl peers
+#   e2e_build_conformance_peers             build missing critest, ginkgo, registry
 #   e2e_build_images                        build (cached) image tarballs
+#   e2e_image_tar SHORT NAME [OPTS] CMD...  build (cached) one image tarball
+#   e2e_ensure_cni_plugins                  apt-get containernetworking-plugins if missing
+#   e2e_write_cni_config ROOT BRIDGE SUBNET IPAM_DIR   CNI network for ROOT's containerd
 #   e2e_start_containerd VERSION ROOT       VERSION: 2 | 1.7
 #   e2e_restart_containerd                  SIGTERM + start again, same ROOT
 #   e2e_stop_containerd                     full teardown; EXIT-trap safe, idempotent
@@ -30,6 +34,9 @@
 #   e2e_ctr_json NAME ANNOTATIONS_JSON [EXTRA_JSON]
 #   e2e_run_pod_with_container POD_JSON CTR_JSON   prints container id
 #   e2e_last_pod_id                         pod id of the last e2e_run_pod_with_container
+#   e2e_agent_launch BIN PORT DRIVER_DIR [ARGS...]   `gpushare node` (sim GPUs) in the background
+#   e2e_agent_status PORT PATH              GET the agent's status endpoint PATH
+#   e2e_agent_wait_healthy PORT [SECONDS]   until the agent is registered and synchronized
 #   e2e_assignment GPU MEMORY_MIB [CORE]    a gpushare.io/assignment (one container "main")
 #   e2e_write_pod NAME ASSIGNMENT MEM CORE [COMMAND [EXTRA_JSON]]   ROOT/NAME.{pod,ctr}.json
 #   E2E_BURN                                busy-loop workload (shell command) for quota tests
@@ -47,11 +54,19 @@ E2E_CONTAINERD2_VERSION=2.4.2
 E2E_CONTAINERD17_VERSION=1.7.35
 E2E_CRICTL_VERSION=1.37.0
 E2E_CRICTL=$E2E_PEERS_DIR/crictl-$E2E_CRICTL_VERSION/crictl
+# cri-tools' validation suite, from the same release as crictl, and the ginkgo CLI (the
+# version cri-tools' go.mod pins) that its -parallel mode runs; the registry serves the
+# images it pulls (tests/e2e/conformance.sh).
+E2E_CRITEST_DIR=$E2E_PEERS_DIR/critest-$E2E_CRICTL_VERSION
+E2E_REGISTRY_VERSION=3.1.2
+E2E_REGISTRY=$E2E_PEERS_DIR/registry-$E2E_REGISTRY_VERSION/registry
 
 E2E_PAUSE_IMAGE=docker.io/gpushare/pause:e2e
 E2E_BUSYBOX_IMAGE=docker.io/gpushare/busybox:e2e
-# PID 1 of the pause image: exits 0 on TERM/INT so StopPodSandbox is quick.
-E2E_PAUSE_CMD=(/bin/sh -c 'trap "exit 0" TERM INT; while :; do sleep 3600 & wait; done')
+# PID 1 of the pause image: one process, as the real pause is (containers sharing the pod's
+# PID namespace see no other), blocked reading a FIFO of its own in /dev (the sandbox's root
+# is read-only); exits 0 on TERM/INT so StopPodSandbox is quick.
+E2E_PAUSE_CMD=(/bin/sh -c 'trap "exit 0" TERM INT; mkfifo /dev/.pause; exec 3<>/dev/.pause; while read -r _ <&3; do :; done')
 E2E_BUSYBOX_CMD=(/bin/sh)
 
 E2E_GO_TAGS="no_btrfs no_devmapper no_zfs"
@@ -59,6 +74,9 @@ E2E_GO_TAGS="no_btrfs no_devmapper no_zfs"
 E2E_READY_TIMEOUT=${E2E_READY_TIMEOUT:-60}
 # Log level of containerd (ROOT/containerd.log).
 E2E_CONTAINERD_LOG_LEVEL=${E2E_CONTAINERD_LOG_LEVEL:-info}
+# When set, CRI's registry config_path: a directory of HOST/hosts.toml files (containerd's
+# registry host configuration), e.g. to pull a registry's images from a local one.
+E2E_REGISTRY_HOSTS_DIR=${E2E_REGISTRY_HOSTS_DIR:-}
 
 # Check counters (e2e_check / e2e_summary).
 E2E_PASSED=${E2E_PASSED:-0}
@@ -124,23 +142,70 @@ e2e_build_peers() {
     fi
 }
 
+# e2e_build_conformance_peers: build whichever of critest (with the ginkgo CLI) and the
+# CNCF distribution registry is missing under target/peers/. critest is a Go test binary
+# (`go test -c`, as cri-tools' Makefile builds it), so it is built inside the module's
+# directory in the Go module cache.
+e2e_build_conformance_peers() {
+    local d mod
+    d=$E2E_CRITEST_DIR
+    if ! _e2e_have_all "$d" critest ginkgo; then
+        e2e_log "building critest $E2E_CRICTL_VERSION and ginkgo into $d"
+        mkdir -p "$d"
+        mod=$(cd "$E2E_REPO" && go mod download -json "sigs.k8s.io/cri-tools@v$E2E_CRICTL_VERSION" |
+            jq -r '.Dir // empty') || mod=
+        if [[ ! -d $mod ]]; then
+            e2e_log "cannot download sigs.k8s.io/cri-tools@v$E2E_CRICTL_VERSION"
+            return 1
+        fi
+        (cd "$mod" && CGO_ENABLED=0 GOFLAGS=-mod=readonly go test -c -buildvcs=false \
+            -ldflags "-X sigs.k8s.io/cri-tools/pkg/version.Version=$E2E_CRICTL_VERSION" \
+            -o "$d/critest" ./cmd/critest &&
+            CGO_ENABLED=0 GOFLAGS=-mod=readonly go build -buildvcs=false -o "$d/ginkgo" \
+                github.com/onsi/ginkgo/v2/ginkgo) || return 1
+    fi
+    if [[ ! -x $E2E_REGISTRY ]]; then
+        d=$(dirname "$E2E_REGISTRY")
+        e2e_log "building registry $E2E_REGISTRY_VERSION into $d"
+        mkdir -p "$d"
+        (cd "$E2E_REPO" && CGO_ENABLED=0 GOBIN=$d go install -buildvcs=false \
+            "github.com/distribution/distribution/v3/cmd/registry@v$E2E_REGISTRY_VERSION") ||
+            return 1
+    fi
+}
+
 # --------------------------------------------------------------- images ----
 # e2e_build_images: make sure the pause and busybox OCI tarballs exist; sets
 # E2E_PAUSE_TAR and E2E_BUSYBOX_TAR. Cached under target/e2e-images/, keyed on
 # the busybox binary, mkimage.sh and the image name/cmd, so reruns are instant.
 e2e_build_images() {
-    local busybox=${BUSYBOX:-/bin/busybox} key
+    E2E_PAUSE_TAR=$(e2e_image_tar pause "$E2E_PAUSE_IMAGE" "${E2E_PAUSE_CMD[@]}") || return 1
+    E2E_BUSYBOX_TAR=$(e2e_image_tar busybox "$E2E_BUSYBOX_IMAGE" "${E2E_BUSYBOX_CMD[@]}") || return 1
+    export E2E_PAUSE_TAR E2E_BUSYBOX_TAR
+}
+
+# e2e_image_tar SHORT NAME [MKIMAGE_OPTIONS] CMD...: prints the path of the OCI tarball of
+# image NAME built by mkimage.sh (its options --user, --file, --script, --copy; then the
+# Cmd), building it when missing. SHORT names the tarball (SHORT-HASH.tar under
+# target/e2e-images/; older builds of the same SHORT are deleted), so each image needs its
+# own. The hash covers busybox, mkimage.sh, the arguments and the files --copy adds.
+e2e_image_tar() {
+    local busybox=${BUSYBOX:-/bin/busybox} key a prev=
     if [[ ! -x $busybox ]]; then
         e2e_log "$busybox missing (apt-get install busybox-static)"
         return 1
     fi
     key=$({ sha256sum "$busybox" "$E2E_LIB_DIR/mkimage.sh" | cut -d' ' -f1; }) || return 1
-    E2E_PAUSE_TAR=$(_e2e_image_tar "$key" pause "$E2E_PAUSE_IMAGE" "${E2E_PAUSE_CMD[@]}") || return 1
-    E2E_BUSYBOX_TAR=$(_e2e_image_tar "$key" busybox "$E2E_BUSYBOX_IMAGE" "${E2E_BUSYBOX_CMD[@]}") || return 1
-    export E2E_PAUSE_TAR E2E_BUSYBOX_TAR
+    for a in "$@"; do
+        if [[ $prev == --copy ]]; then
+            key+=" $(sha256sum "${a%%=*}" | cut -d' ' -f1) $(stat -c %a "${a%%=*}")" || return 1
+        fi
+        prev=$a
+    done
+    _e2e_image_tar "$key" "$@"
 }
 
-_e2e_image_tar() { # KEY SHORTNAME NAME CMD... -> prints tar path
+_e2e_image_tar() { # KEY SHORTNAME NAME ARGS... -> prints tar path
     local key=$1 short=$2 name=$3 h out
     shift 3
     h=$(printf '%s\0' "$key" "$name" "$@" | sha256sum | cut -c1-16)
@@ -153,10 +218,61 @@ _e2e_image_tar() { # KEY SHORTNAME NAME CMD... -> prints tar path
         }
         mv -f "$out.tmp$$" "$out"
         # Drop tarballs of older busybox/mkimage versions.
-        find "$E2E_IMAGES_DIR" -maxdepth 1 -name "$short-*.tar" ! -name "${out##*/}" \
+        find "$E2E_IMAGES_DIR" -maxdepth 1 -name "$short-????????????????.tar" ! -name "${out##*/}" \
             -mmin +1 -delete 2>/dev/null || true
     fi
     echo "$out"
+}
+
+# ------------------------------------------------------------------ CNI ----
+# e2e_ensure_cni_plugins: Debian's containernetworking-plugins (/usr/lib/cni), installed with
+# apt-get when missing. Pods that do not use the host's network need them.
+e2e_ensure_cni_plugins() {
+    [[ -x /usr/lib/cni/bridge && -x /usr/lib/cni/host-local && -x /usr/lib/cni/loopback &&
+        -x /usr/lib/cni/portmap ]] && return 0
+    e2e_log "installing containernetworking-plugins (apt-get)"
+    { apt-get install -y -qq containernetworking-plugins >/dev/null 2>&1 ||
+        { apt-get update -qq >/dev/null 2>&1 &&
+            apt-get install -y -qq containernetworking-plugins >/dev/null 2>&1; }; } || {
+        e2e_log "could not install containernetworking-plugins"
+        return 1
+    }
+    [[ -x /usr/lib/cni/bridge ]]
+}
+
+# e2e_write_cni_config ROOT BRIDGE SUBNET IPAM_DIR: the CNI network of the containerd
+# instance in ROOT (written before e2e_start_containerd ROOT): a bridge BRIDGE that is the
+# pods' gateway (no masquerade), host-local addresses from SUBNET kept in IPAM_DIR, and
+# portmap for host ports; plugins from /usr/lib/cni linked into ROOT/cni/bin. The caller
+# deletes BRIDGE when done.
+e2e_write_cni_config() {
+    local r=$1 bridge=$2 subnet=$3 ipam=$4 f
+    mkdir -p "$r/cni/bin" "$r/cni/net.d" "$ipam" || return 1
+    for f in /usr/lib/cni/*; do
+        ln -sf "$f" "$r/cni/bin/${f##*/}"
+    done
+    cat >"$r/cni/net.d/10-gpushare-e2e.conflist" <<EOF
+{
+  "cniVersion": "1.0.0",
+  "name": "gpushare-e2e",
+  "plugins": [
+    {
+      "type": "bridge",
+      "bridge": "$bridge",
+      "isGateway": true,
+      "ipMasq": false,
+      "hairpinMode": true,
+      "ipam": {
+        "type": "host-local",
+        "dataDir": "$ipam",
+        "ranges": [[{ "subnet": "$subnet" }]],
+        "routes": [{ "dst": "0.0.0.0/0" }]
+      }
+    },
+    { "type": "portmap", "capabilities": { "portMappings": true } }
+  ]
+}
+EOF
 }
 
 # e2e_unmount_below DIR: unmounts everything mounted below DIR, deepest first (lazily when
@@ -231,6 +347,8 @@ _e2e_write_config() { # VERSION ROOT -> ROOT/config.toml
   snapshotter = "native"
   [plugins."io.containerd.cri.v1.images".pinned_images]
     sandbox = "$E2E_PAUSE_IMAGE"
+  [plugins."io.containerd.cri.v1.images".registry]
+    config_path = "$E2E_REGISTRY_HOSTS_DIR"
 
 [plugins."io.containerd.cri.v1.runtime"]
   # Clamp oom_score_adj (pause: -998) to containerd's own: lowering it needs
@@ -291,6 +409,8 @@ EOF
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "$root/cni/bin"
     conf_dir = "$root/cni/net.d"
+  [plugins."io.containerd.grpc.v1.cri".registry]
+    config_path = "$E2E_REGISTRY_HOSTS_DIR"
 EOF
         } >"$cfg"
         ;;
@@ -649,6 +769,41 @@ e2e_run_pod_with_container() {
 }
 
 e2e_last_pod_id() { cat "$E2E_ROOT/last-pod-id"; }
+
+# ---------------------------------------------------------------- agent ----
+# e2e_agent_launch BIN PORT DRIVER_DIR [ARGS...]: start `BIN node` in the background on the
+# current instance's NRI socket with simulated GPUs: devices under ROOT/simdev, state in
+# ROOT/state, log ROOT/agent.log, status endpoint 127.0.0.1:PORT, the limiter library beside
+# BIN and the fake driver libraries of DRIVER_DIR (e2e_gpu_fakes); ARGS are added (e.g.
+# --config FILE). Sets E2E_AGENT_PID; call it in the main shell (not in $(...)).
+# shellcheck disable=SC2034 # E2E_AGENT_PID is for callers
+e2e_agent_launch() {
+    local bin=$1 port=$2 driver=$3
+    shift 3
+    "$bin" node --nri-socket "$E2E_NRI_SOCK" --gpu-backend sim --dev-root "$E2E_ROOT/simdev" \
+        --node-name e2e-node --status-listen "127.0.0.1:$port" --log-file "$E2E_ROOT/agent.log" \
+        --state-dir "$E2E_ROOT/state" --limiter-library "$(dirname "$bin")/libgpushare_limiter.so" \
+        --sim-driver-dir "$driver" "$@" &
+    E2E_AGENT_PID=$!
+}
+
+# e2e_agent_status PORT PATH: the agent's status endpoint PATH (healthz, registry, inventory,
+# metrics) on stdout; fails when it does not answer 2xx within 5 s.
+e2e_agent_status() { curl -fsS --max-time 5 "http://127.0.0.1:$1/$2"; }
+
+# e2e_agent_wait_healthy PORT [SECONDS]: wait until the agent's /healthz answers (it is
+# registered with the runtime and synchronized), at most SECONDS (default 10); else print
+# the tail of ROOT/agent.log and fail.
+e2e_agent_wait_healthy() {
+    local port=$1 i tries=$((${2:-10} * 20))
+    for ((i = 0; i < tries; i++)); do
+        e2e_agent_status "$port" healthz >/dev/null 2>&1 && return 0
+        sleep 0.05
+    done
+    echo "agent not healthy after ${2:-10} s; log tail:" >&2
+    tail -20 "$E2E_ROOT/agent.log" >&2 || true
+    return 1
+}
 
 # e2e_cpu_ns STATUS_PORT CONTAINER_ID: CPU time (ns) of the container's cgroup, its throttled
 # child included — with the sim backend, the time it used of the core that stands in for its

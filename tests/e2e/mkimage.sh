@@ -1,13 +1,18 @@
 #!/usr/bin/env bash
 # Build a tiny OCI image-layout tarball from the host's static busybox.
 #
-#   tests/e2e/mkimage.sh OUT_TAR NAME CMD...
+#   tests/e2e/mkimage.sh OUT_TAR NAME [OPTION]... [--] CMD...
 #
 #   OUT_TAR  path of the tarball to write (parent dir is created)
 #   NAME     full image reference, e.g. docker.io/gpushare/busybox:e2e; stored
 #            in index.json as the `io.containerd.image.name` annotation (what
 #            `ctr images import` names the image after) and its tag as
 #            `org.opencontainers.image.ref.name`
+#   OPTION   --user USER: the image config's User (e.g. 1002, www-data, 1003:1004);
+#            --file PATH=CONTENT: a file (mode 0644) at PATH in the image holding CONTENT;
+#            --script PATH=CONTENT: the same with mode 0755;
+#            --copy SRC=PATH: the host's file SRC at PATH, its mode kept (e.g. setuid).
+#            Files are added last, so they may replace /etc/passwd or /etc/group.
 #   CMD...   the image config's Cmd (one argv element per argument)
 #
 # The image has a single uncompressed layer: /bin/busybox plus one symlink per
@@ -20,15 +25,33 @@
 # busybox (Debian: busybox-static). Needs only bash, tar (GNU), sha256sum,
 # stat, jq.
 set -euo pipefail
+export LC_ALL=C # the order of the layer's top-level entries (a glob) is part of its digest
 
-if [[ $# -lt 3 ]]; then
-    echo "usage: $0 OUT_TAR NAME CMD..." >&2
+usage() {
+    echo "usage: $0 OUT_TAR NAME [--user USER | --file PATH=CONTENT | --script PATH=CONTENT |" \
+        "--copy SRC=PATH]... [--] CMD..." >&2
     exit 2
-fi
+}
+[[ $# -ge 3 ]] || usage
 
 out=$1
 name=$2
 shift 2
+user=
+adds=() # MODE PATH=CONTENT, or copy SRC=PATH
+while [[ ${1:-} == --* ]]; do
+    [[ $1 == -- || $# -ge 2 ]] || usage
+    case $1 in
+    --user) user=$2 ;;
+    --file) [[ $2 == /?*=* ]] || usage; adds+=("0644 $2") ;;
+    --script) [[ $2 == /?*=* ]] || usage; adds+=("0755 $2") ;;
+    --copy) [[ $2 == ?*=/?* && -f ${2%%=*} ]] || usage; adds+=("copy $2") ;;
+    --) shift; break ;;
+    *) usage ;;
+    esac
+    shift 2
+done
+[[ $# -ge 1 ]] || usage
 
 busybox=${BUSYBOX:-/bin/busybox}
 if [[ ! -x $busybox ]]; then
@@ -77,6 +100,19 @@ chmod 0644 "$rootfs/etc/passwd" "$rootfs/etc/group"
 chmod 0755 "$rootfs"/{bin,etc,dev,proc,sys,usr,usr/bin}
 chmod 0700 "$rootfs/root"
 chmod 1777 "$rootfs/tmp"
+for a in "${adds[@]}"; do
+    how=${a%% *}
+    a=${a#* }
+    if [[ $how == copy ]]; then path=$rootfs${a#*=}; else path=$rootfs${a%%=*}; fi
+    mkdir -p "$(dirname "$path")"
+    rm -f "$path" # an applet's symlink is replaced, not written through
+    if [[ $how == copy ]]; then
+        cp -p "${a%%=*}" "$path"
+    else
+        printf '%s' "${a#*=}" >"$path"
+        chmod "$how" "$path"
+    fi
+done
 
 layout=$work/layout
 mkdir -p "$layout/blobs/sha256"
@@ -90,17 +126,18 @@ put_blob() {
     echo "$hex $size"
 }
 
-(cd "$rootfs" && dtar "$work/layer.tar" bin dev etc proc root sys tmp usr)
+(cd "$rootfs" && dtar "$work/layer.tar" -- *)
 read -r layer_hex layer_size < <(put_blob "$work/layer.tar")
 
 # ---------------------------------------------------------------- config ----
 # (jq keeps parsing options after --args, so build the Cmd array arg by arg.)
 cmd_json=$(for a in "$@"; do jq -n --arg a "$a" '$a'; done | jq -cs .)
-jq -cn --arg diff "sha256:$layer_hex" --argjson cmd "$cmd_json" '
+jq -cn --arg diff "sha256:$layer_hex" --argjson cmd "$cmd_json" --arg user "$user" '
     {
       architecture: "amd64",
       os: "linux",
-      config: { Env: ["PATH=/bin:/usr/bin"], Cmd: $cmd, WorkingDir: "/" },
+      config: ({ Env: ["PATH=/bin:/usr/bin"], Cmd: $cmd, WorkingDir: "/" }
+               + if $user == "" then {} else { User: $user } end),
       rootfs: { type: "layers", diff_ids: [$diff] },
       history: [ { created_by: "gpushare tests/e2e/mkimage.sh" } ]
     }' >"$work/config.json"

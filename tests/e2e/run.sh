@@ -26,18 +26,9 @@ cleanup() {
 }
 trap cleanup EXIT
 
-status() { curl -fsS "http://127.0.0.1:$PORT/$1"; }
+status() { e2e_agent_status "$PORT" "$1"; }
 
-wait_healthy() { # wait until the agent is registered with the runtime
-    local i
-    for ((i = 0; i < 100; i++)); do
-        status healthz >/dev/null 2>&1 && return 0
-        sleep 0.1
-    done
-    echo "agent not healthy after 10 s; log tail:" >&2
-    tail -20 "$E2E_ROOT/agent.log" >&2 || true
-    return 1
-}
+wait_healthy() { e2e_agent_wait_healthy "$PORT"; }
 
 # The in-container limiter and, standing in for the NVIDIA driver, the fake libcuda.so.1 /
 # libnvidia-ml.so.1 the agent mounts into GPU containers as the toolkit mounts the real ones;
@@ -47,16 +38,14 @@ LIMITER=$REL/libgpushare_limiter.so
 DRIVER_DIR=$(e2e_gpu_fakes "$REL")
 
 start_agent() {
-    local link=(--nri-socket "$E2E_NRI_SOCK")
+    local link=()
     if [[ $V == 1.6 ]]; then
         # No NRI: the wrapper reaches the agent on its local socket, and the registry is
         # rebuilt from runc's state at start.
         link=(--no-nri --runtime-socket "$E2E_ROOT/runtime.sock" --runc-root "$E2E_ROOT/runc/k8s.io")
     fi
-    "$BIN" node "${link[@]}" --gpu-backend sim --dev-root "$E2E_ROOT/simdev" \
-        --node-name e2e-node --status-listen "127.0.0.1:$PORT" --log-file "$E2E_ROOT/agent.log" \
-        --state-dir "$E2E_ROOT/state" --limiter-library "$LIMITER" --sim-driver-dir "$DRIVER_DIR" &
-    AGENT_PID=$!
+    e2e_agent_launch "$BIN" "$PORT" "$DRIVER_DIR" "${link[@]}"
+    AGENT_PID=$E2E_AGENT_PID
     wait_healthy
 }
 
