@@ -1,8 +1,9 @@
 //! `gpushare runtime`: an OCI runtime wrapper (containerd's runc `BinaryName`, podman's
 //! `--runtime`). `create` asks the node agent for its decision on the bundle's spec, writes
 //! the adjustment into `config.json` and runs the real runtime, unregistering the container
-//! if that fails; `start` and `delete` tell the agent; every other verb, and every argument,
-//! goes to the real runtime unchanged.
+//! if that fails; `delete` tells the agent; every other verb (`start` included: the agent
+//! tracks a created container already), and every argument, goes to the real runtime
+//! unchanged.
 
 use std::ffi::{OsStr, OsString};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
@@ -141,6 +142,9 @@ impl Invocation {
     }
 }
 
+/// The longest a `delete` waits for the agent.
+const NOTIFY_TIMEOUT: Duration = Duration::from_secs(2);
+
 /// Runs the wrapper; returns the exit code (when it does not become the real runtime).
 pub fn run(args: Vec<OsString>) -> i32 {
     let inv = Invocation::parse(&args);
@@ -176,13 +180,14 @@ pub fn run(args: Vec<OsString>) -> i32 {
             }
             code
         }
-        ("start", Some(id)) => {
-            // Best effort: the controller finds the container by its cgroup either way.
-            let _ = api::call(&cfg.socket, &Request::Start { id }, timeout);
-            exec(&runtime, &args)
-        }
         ("delete", Some(id)) => {
-            let _ = api::call(&cfg.socket, &Request::Remove { id }, timeout);
+            // Best effort, and never holding a delete up for long: a container that is gone
+            // is released by the next resync too.
+            let _ = api::call(
+                &cfg.socket,
+                &Request::Remove { id },
+                NOTIFY_TIMEOUT.min(timeout),
+            );
             exec(&runtime, &args)
         }
         _ => exec(&runtime, &args),
