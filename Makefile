@@ -6,7 +6,7 @@ CARGO ?= cargo
 BIN := target/release/gpushare
 comma := ,
 
-.PHONY: all build demo test unit fuzz e2e e2e-chaos e2e-k8s conformance lint bench bench-throttle bench-pack bench-extender deps gpu-check
+.PHONY: all build demo test unit fuzz e2e e2e-runtime e2e-chaos e2e-k8s conformance lint bench bench-throttle bench-pack bench-extender deps gpu-check
 
 all: build
 
@@ -57,12 +57,22 @@ e2e: build
 	@if [[ $$EUID -ne 0 && "$${CI:-}" != "true" ]]; then \
 		echo "SKIP e2e: needs root (containerd, runc, device nodes); run 'sudo make e2e'"; \
 	else \
-		bash tests/e2e/deps.sh && bash tests/e2e/run.sh; \
+		bash tests/e2e/deps.sh && bash tests/e2e/run.sh 2 1.7; \
 	fi
 
-# Chaos on containerd 2 (tests/e2e/chaos.sh, ~2 min): the agent SIGKILLed at random points,
-# with its guardian, containerd restarted, 40 concurrent GPU pods beyond capacity, frozen
-# containers stopped. Root only, like e2e.
+# The runtime-level modes, for runtimes without NRI: the same e2e suite on Debian's
+# containerd 1.6 through the runtime wrapper gpushare-runtime (tests/e2e/run.sh 1.6, ~3 min).
+# Root only, like e2e.
+e2e-runtime: build
+	@if [[ $$EUID -ne 0 && "$${CI:-}" != "true" ]]; then \
+		echo "SKIP e2e-runtime: needs root (containerd, runc, device nodes); run 'sudo make e2e-runtime'"; \
+	else \
+		bash tests/e2e/deps.sh && bash tests/e2e/run.sh 1.6; \
+	fi
+
+# Chaos on containerd 2 (tests/e2e/chaos.sh, ~4 min): the agent SIGKILLed at random points
+# among 50 throttled containers, with its guardian, containerd restarted, 200 concurrent GPU
+# container creations beyond capacity, frozen containers stopped. Root only, like e2e.
 e2e-chaos: build
 	@if [[ $$EUID -ne 0 && "$${CI:-}" != "true" ]]; then \
 		echo "SKIP e2e-chaos: needs root (containerd, runc, cgroups); run 'sudo make e2e-chaos'"; \
@@ -90,7 +100,7 @@ e2e-k8s: build
 		bash tests/e2e/deps.sh && bash tests/e2e-k8s/run.sh && bash tests/e2e-k8s/admission_check.sh; \
 	fi
 
-test: unit e2e e2e-chaos e2e-k8s conformance
+test: unit e2e e2e-runtime e2e-chaos e2e-k8s conformance
 
 lint:
 	$(CARGO) fmt --check
