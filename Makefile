@@ -6,7 +6,7 @@ CARGO ?= cargo
 BIN := target/release/gpushare
 comma := ,
 
-.PHONY: all build demo test unit fuzz e2e e2e-runtime e2e-chaos e2e-k8s conformance lint bench bench-throttle bench-pack bench-extender deps gpu-check
+.PHONY: all build demo test unit fuzz e2e e2e-runtime e2e-chaos e2e-hooks e2e-k8s conformance lint bench bench-throttle bench-pack bench-extender deps gpu-check
 
 all: build
 
@@ -91,6 +91,15 @@ conformance: build
 		bash tests/e2e/deps.sh && bash tests/e2e/conformance.sh; \
 	fi
 
+# The runtime-level modes outside containerd (tests/e2e/hooks.sh, ~10 s): podman 4.3 through
+# the OCI hooks of install/hooks.d, runc on a bundle through gpushare-runtime. Root only, like e2e.
+e2e-hooks: build
+	@if [[ $$EUID -ne 0 && "$${CI:-}" != "true" ]]; then \
+		echo "SKIP e2e-hooks: needs root (podman, runc, device nodes); run 'sudo make e2e-hooks'"; \
+	else \
+		bash tests/e2e/deps.sh && bash tests/e2e/hooks.sh; \
+	fi
+
 # The seed walkthrough on a real one-node Kubernetes 1.36.3 cluster (built from Go modules into
 # target/peers; the first build takes ~10 min, later runs reuse it). Root only, like e2e.
 e2e-k8s: build
@@ -100,7 +109,7 @@ e2e-k8s: build
 		bash tests/e2e/deps.sh && bash tests/e2e-k8s/run.sh && bash tests/e2e-k8s/admission_check.sh; \
 	fi
 
-test: unit e2e e2e-runtime e2e-chaos e2e-k8s conformance
+test: unit e2e e2e-runtime e2e-hooks e2e-chaos e2e-k8s conformance
 
 lint:
 	$(CARGO) fmt --check

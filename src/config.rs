@@ -117,6 +117,10 @@ pub struct RuntimeApiConfig {
     pub runc_roots: Vec<PathBuf>,
     /// The runc binary used to list those containers.
     pub runc: PathBuf,
+    /// How long a container `gpushare hook precreate` got admitted may go without starting
+    /// before the agent looks for it under `runc_roots`, releasing it if runc does not have
+    /// it (its creation failed after the hook, and podman runs no poststop hook then).
+    pub hook_grace_ms: u64,
 }
 
 impl Default for RuntimeApiConfig {
@@ -126,6 +130,7 @@ impl Default for RuntimeApiConfig {
             socket: PathBuf::from(DEFAULT_RUNTIME_SOCKET),
             runc_roots: Vec::new(),
             runc: PathBuf::from("runc"),
+            hook_grace_ms: 60_000,
         }
     }
 }

@@ -47,6 +47,13 @@ enum Command {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<std::ffi::OsString>,
     },
+    /// An OCI hook (podman's hooks.d, for runtimes without NRI): `precreate` writes the
+    /// agent's decision into the spec on stdin (to stdout); `poststart` and `poststop` tell
+    /// the agent, reading the state on stdin.
+    Hook {
+        #[arg(value_enum)]
+        stage: crate::runtime::hook::Stage,
+    },
 }
 
 /// The `gpushare` binary.
@@ -74,6 +81,7 @@ pub fn main() -> anyhow::Result<()> {
         Command::Scheduler(args) => scheduler::run(&args),
         Command::Run(args) => run::run(&args),
         Command::Runtime { args } => std::process::exit(crate::runtime::wrapper::run(args)),
+        Command::Hook { stage } => std::process::exit(crate::runtime::hook::run(stage)),
     }
 }
 

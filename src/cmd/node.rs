@@ -3,6 +3,7 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::Args;
@@ -283,7 +284,9 @@ async fn serve_runtime_api(
     node: Arc<Node>,
 ) -> anyhow::Result<()> {
     use crate::nri::service::Handler;
+    use crate::runtime::pending::Pending;
     let listener = crate::runtime::api::bind(&api.socket)?;
+    let pending = Arc::new(Pending::new(Duration::from_millis(api.hook_grace_ms)));
     if !nri {
         let (runc, roots) = (api.runc.clone(), api.runc_roots.clone());
         let n = node.clone();
@@ -293,13 +296,48 @@ async fn serve_runtime_api(
         tracing::info!(containers = read, roots = ?api.runc_roots, "registry rebuilt from runc's state");
         node.connected(true);
     }
+    if !api.runc_roots.is_empty() {
+        tokio::spawn(sweep_unstarted(api.clone(), node.clone(), pending.clone()));
+    }
     tracing::info!(socket = %api.socket.display(), "runtime API listening");
-    crate::runtime::api::serve(listener, node).await;
+    crate::runtime::api::serve(listener, node, pending).await;
     Ok(())
 }
 
+/// Every quarter of the grace period (0.25 to 10 s): releases the precreate hook's
+/// containers that never reached runc (`runtime::pending`).
+async fn sweep_unstarted(
+    api: crate::config::RuntimeApiConfig,
+    node: Arc<Node>,
+    pending: Arc<crate::runtime::pending::Pending>,
+) {
+    let period = (pending.grace() / 4).clamp(Duration::from_millis(250), Duration::from_secs(10));
+    let mut tick = tokio::time::interval(period);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        if pending.due(std::time::Instant::now()).is_empty() {
+            continue;
+        }
+        let (node, pending, api) = (node.clone(), pending.clone(), api.clone());
+        let swept = tokio::task::spawn_blocking(move || {
+            crate::runtime::resync::sweep(
+                &node,
+                &pending,
+                &api.runc,
+                &api.runc_roots,
+                std::time::Instant::now(),
+            )
+        })
+        .await;
+        if let Ok(Err(e)) = swept {
+            tracing::warn!(error = %e, "cannot look for the precreate hook's containers in runc's state");
+        }
+    }
+}
+
 /// How often GPU health is read.
-const HEALTH_PERIOD: std::time::Duration = std::time::Duration::from_secs(5);
+const HEALTH_PERIOD: Duration = Duration::from_secs(5);
 
 /// Starts the throttling controller for `node` when enabled, sampling from `source`.
 fn start_controller(

@@ -16,6 +16,7 @@ use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
 
 use super::oci::{self, BundleSpec};
+use super::pending::Pending;
 use crate::node::Node;
 use crate::nri::api::nri_api::{Container, ContainerState as NriState, PodSandbox};
 use crate::nri::service::Handler;
@@ -70,13 +71,15 @@ impl Response {
     }
 }
 
-/// One request against the node.
-pub fn handle(node: &Node, req: Request) -> Response {
+/// One request against the node. A container the precreate hook names by its handle is
+/// watched (`pending`) until it starts.
+pub fn handle(node: &Node, pending: &Pending, req: Request) -> Response {
+    let (Request::Create { id, .. } | Request::Start { id } | Request::Remove { id }) = &req;
+    if let Err(e) = check_id(id) {
+        return Response::error(true, e);
+    }
     match req {
         Request::Create { id, spec } => {
-            if let Err(e) = check_id(&id) {
-                return Response::error(true, e);
-            }
             let bytes = serde_json::to_vec(&spec).expect("a JSON value serializes");
             let b = match BundleSpec::parse(PathBuf::from("config.json"), &bytes) {
                 Ok(b) => b,
@@ -84,22 +87,29 @@ pub fn handle(node: &Node, req: Request) -> Response {
             };
             let (pod, ctr) = oci::describe(&id, &b, NriState::CONTAINER_CREATED, 0);
             match node.admit(&pod, &ctr) {
-                Ok(adj) => Response::ok(adj),
+                Ok(adj) => {
+                    if adj.is_some() && oci::handle(&b).as_deref() == Some(id.as_str()) {
+                        pending.admitted(&id, std::time::Instant::now());
+                    }
+                    Response::ok(adj)
+                }
                 Err(e) => Response::error(e.code == ttrpc::Code::INVALID_ARGUMENT, e.message),
             }
         }
         Request::Start { id } => {
+            pending.settled(&id);
             node.start_container(&PodSandbox::default(), &by_id(&id));
             Response::ok(None)
         }
         Request::Remove { id } => {
+            pending.settled(&id);
             node.remove_container(&PodSandbox::default(), &by_id(&id));
             Response::ok(None)
         }
     }
 }
 
-fn by_id(id: &str) -> Container {
+pub fn by_id(id: &str) -> Container {
     Container {
         id: id.to_string(),
         ..Default::default()
@@ -107,7 +117,7 @@ fn by_id(id: &str) -> Container {
 }
 
 /// Container ids name directories of the agent's (limiter files): runc's own rule.
-fn check_id(id: &str) -> Result<(), String> {
+pub fn check_id(id: &str) -> Result<(), String> {
     let ok = !id.is_empty()
         && id.len() <= 1024
         && id
@@ -167,7 +177,7 @@ pub fn bind(path: &Path) -> Result<tokio::net::UnixListener, ServeError> {
 }
 
 /// Serves `listener` for ever: root callers only, [`MAX_CONNECTIONS`] at a time.
-pub async fn serve(listener: tokio::net::UnixListener, node: Arc<Node>) {
+pub async fn serve(listener: tokio::net::UnixListener, node: Arc<Node>, pending: Arc<Pending>) {
     let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     loop {
         let permit = slots.clone().acquire_owned().await.expect("never closed");
@@ -180,17 +190,21 @@ pub async fn serve(listener: tokio::net::UnixListener, node: Arc<Node>) {
                 continue;
             }
         };
-        let node = node.clone();
+        let (node, pending) = (node.clone(), pending.clone());
         tokio::spawn(async move {
             let _permit = permit;
-            if let Err(e) = serve_one(stream, &node).await {
+            if let Err(e) = serve_one(stream, &node, &pending).await {
                 tracing::warn!(error = %e, "runtime_api connection");
             }
         });
     }
 }
 
-async fn serve_one(mut stream: tokio::net::UnixStream, node: &Arc<Node>) -> std::io::Result<()> {
+async fn serve_one(
+    mut stream: tokio::net::UnixStream,
+    node: &Arc<Node>,
+    pending: &Arc<Pending>,
+) -> std::io::Result<()> {
     let cred = stream.peer_cred()?;
     if cred.uid() != 0 {
         tracing::warn!(uid = cred.uid(), pid = ?cred.pid(), "runtime_api: caller is not root; refused");
@@ -216,8 +230,8 @@ async fn serve_one(mut stream: tokio::net::UnixStream, node: &Arc<Node>) -> std:
     } else {
         match serde_json::from_slice::<Request>(&line) {
             Ok(req) => {
-                let node = node.clone();
-                tokio::task::spawn_blocking(move || handle(&node, req))
+                let (node, pending) = (node.clone(), pending.clone());
+                tokio::task::spawn_blocking(move || handle(&node, &pending, req))
                     .await
                     .unwrap_or_else(|e| Response::error(false, format!("gpushare: {e}")))
             }
@@ -272,4 +286,118 @@ pub fn call(socket: &Path, req: &Request, timeout: Duration) -> Result<Response,
         .read_line(&mut line)
         .map_err(|e| no_answer(e.to_string()))?;
     serde_json::from_str(&line).map_err(|e| no_answer(format!("bad answer: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::node::AgentState;
+    use serde_json::json;
+    use std::time::Instant;
+
+    fn spec(annotations: serde_json::Value) -> serde_json::Value {
+        json!({
+            "ociVersion": "1.0.2",
+            "process": {"cwd": "/", "user": {"uid": 0, "gid": 0}, "args": ["sh"], "env": []},
+            "root": {"path": "rootfs"},
+            "annotations": annotations,
+        })
+    }
+
+    fn gpu(core: u32, handle: Option<&str>) -> serde_json::Value {
+        let mut a = json!({
+            "gpushare.io/assignment": format!(
+                r#"{{"version":1,"containers":{{"main":[{{"gpuIndex":1,"memoryMiB":2048,"corePercent":{core}}}]}}}}"#
+            ),
+            "gpushare.io/granted-mem": "2",
+            "gpushare.io/granted-core": core.to_string(),
+        });
+        if let Some(h) = handle {
+            a[oci::HANDLE_ANNOTATION] = json!(h);
+        }
+        spec(a)
+    }
+
+    #[test]
+    fn the_hooks_containers_are_watched_until_they_start() {
+        let node = Node::new(AgentState::in_memory("n"));
+        let pending = Pending::new(Duration::ZERO);
+        let create = |id: &str, spec| {
+            handle(
+                &node,
+                &pending,
+                Request::Create {
+                    id: id.into(),
+                    spec,
+                },
+            )
+        };
+        let r = create("hook-1", gpu(30, Some("hook-1")));
+        assert!(r.ok && r.adjustment.is_some(), "{r:?}");
+        let r = create("runc-id", gpu(30, None));
+        assert!(r.ok, "{r:?}");
+        assert_eq!(
+            pending.due(Instant::now()),
+            vec!["hook-1"],
+            "the wrapper's containers are not the hook's"
+        );
+        assert!(
+            handle(
+                &node,
+                &pending,
+                Request::Start {
+                    id: "hook-1".into()
+                }
+            )
+            .ok
+        );
+        assert!(pending.due(Instant::now()).is_empty());
+        assert!(node.registry.get("hook-1").is_some());
+        assert!(
+            handle(
+                &node,
+                &pending,
+                Request::Remove {
+                    id: "hook-1".into()
+                }
+            )
+            .ok
+        );
+        assert!(node.registry.get("hook-1").is_none());
+    }
+
+    #[test]
+    fn refusals_are_the_nodes_and_ids_are_checked() {
+        let node = Node::new(AgentState::in_memory("n"));
+        let pending = Pending::new(Duration::ZERO);
+        let r = handle(
+            &node,
+            &pending,
+            Request::Create {
+                id: "hook-2".into(),
+                spec: gpu(33, Some("hook-2")),
+            },
+        );
+        assert!(!r.ok && r.refusal);
+        assert!(
+            r.message
+                .contains("aliyun.com/gpu-core.percentage 33 is not a multiple of 5"),
+            "{}",
+            r.message
+        );
+        assert!(
+            pending.due(Instant::now()).is_empty(),
+            "refused: not watched"
+        );
+        for req in [
+            Request::Remove { id: "../x".into() },
+            Request::Start { id: String::new() },
+        ] {
+            let r = handle(&node, &pending, req);
+            assert!(
+                !r.ok && r.refusal && r.message.contains("not a valid runc id"),
+                "{r:?}"
+            );
+        }
+    }
 }

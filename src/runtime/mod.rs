@@ -3,6 +3,9 @@
 //! registry resync from runc's state on the other.
 
 pub mod api;
+pub mod client;
+pub mod hook;
 pub mod oci;
+pub mod pending;
 pub mod resync;
 pub mod wrapper;

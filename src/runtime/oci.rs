@@ -23,6 +23,10 @@ pub const MAX_SPEC_BYTES: u64 = 4 << 20;
 /// Container annotations that carry kubelet's grant (`gpushare.io/granted-mem`, …).
 pub const GRANT_PREFIX: &str = "gpushare.io/granted-";
 
+/// The name `gpushare hook precreate` gives a container, which has no id yet at that stage:
+/// the agent's books, its limiter files and the later hooks' calls are keyed on it.
+pub const HANDLE_ANNOTATION: &str = "gpushare.io/handle";
+
 /// The container name when the runtime gives none (podman without Kubernetes): the name the
 /// assignment's single container carries by convention.
 pub const DEFAULT_CONTAINER_NAME: &str = "main";
@@ -308,6 +312,11 @@ pub fn apply(json: &mut Value, adj: &Adjustment) -> Result<(), ApplyError> {
         }));
     }
     Ok(())
+}
+
+/// The precreate hook's handle on this container, if it has one.
+pub fn handle(b: &BundleSpec) -> Option<String> {
+    b.annotations().get(HANDLE_ANNOTATION).cloned()
 }
 
 /// Whether the spec asks for a GPU at all (the decision is the agent's; a container without

@@ -1,65 +1,17 @@
 //! `gpushare runtime`: an OCI runtime wrapper (containerd's runc `BinaryName`, podman's
 //! `--runtime`). `create` asks the node agent for its decision on the bundle's spec, writes
 //! the adjustment into `config.json` and runs the real runtime, unregistering the container
-//! if that fails; `delete` tells the agent; every other verb (`start` included: the agent
-//! tracks a created container already), and every argument, goes to the real runtime
-//! unchanged.
+//! if that fails; `start` and `delete` tell the agent (best effort, briefly); every other
+//! verb, and every argument, goes to the real runtime unchanged.
 
 use std::ffi::{OsStr, OsString};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use serde::Deserialize;
-
-use super::api::{self, CallError, Request};
+use super::api::{self, Request};
+use super::client::{self, ClientConfig, Prepared};
 use super::oci::{self, BundleSpec};
-use crate::config::DEFAULT_RUNTIME_SOCKET;
-use gpushare_core::adjust;
-
-/// Where the wrapper's config is read from, unless `GPUSHARE_RUNTIME_CONFIG` names another
-/// file (a missing default file means the defaults).
-pub const DEFAULT_CONFIG: &str = "/etc/gpushare/runtime.toml";
-
-/// The wrapper's configuration (`/etc/gpushare/runtime.toml`).
-#[derive(Debug, Clone, PartialEq, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct WrapperConfig {
-    /// The real OCI runtime: a path, or a name looked up on `PATH`.
-    pub runtime: PathBuf,
-    /// The agent's `[runtime_api] socket`.
-    pub socket: PathBuf,
-    /// How long to wait for the agent's answer.
-    pub timeout_ms: u64,
-}
-
-impl Default for WrapperConfig {
-    fn default() -> Self {
-        WrapperConfig {
-            runtime: PathBuf::from("runc"),
-            socket: PathBuf::from(DEFAULT_RUNTIME_SOCKET),
-            timeout_ms: 10_000,
-        }
-    }
-}
-
-impl WrapperConfig {
-    pub fn load() -> Result<WrapperConfig, String> {
-        let (path, required) = match std::env::var_os("GPUSHARE_RUNTIME_CONFIG") {
-            Some(p) => (PathBuf::from(p), true),
-            None => (PathBuf::from(DEFAULT_CONFIG), false),
-        };
-        match std::fs::read_to_string(&path) {
-            Ok(text) => {
-                toml::from_str(&text).map_err(|e| format!("invalid config {}: {e}", path.display()))
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound && !required => {
-                Ok(WrapperConfig::default())
-            }
-            Err(e) => Err(format!("cannot read config {}: {e}", path.display())),
-        }
-    }
-}
 
 /// What the wrapper needs of a runc command line.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -142,13 +94,13 @@ impl Invocation {
     }
 }
 
-/// The longest a `delete` waits for the agent.
+/// The longest a `start` or `delete` waits for the agent.
 const NOTIFY_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Runs the wrapper; returns the exit code (when it does not become the real runtime).
 pub fn run(args: Vec<OsString>) -> i32 {
     let inv = Invocation::parse(&args);
-    let cfg = match WrapperConfig::load() {
+    let cfg = match ClientConfig::load() {
         Ok(c) => c,
         Err(e) => return fail(&inv, &format!("gpushare runtime: {e}")),
     };
@@ -156,11 +108,11 @@ pub fn run(args: Vec<OsString>) -> i32 {
         Ok(p) => p,
         Err(e) => return fail(&inv, &format!("gpushare runtime: {e}")),
     };
-    let timeout = Duration::from_millis(cfg.timeout_ms);
+    let notify = NOTIFY_TIMEOUT.min(Duration::from_millis(cfg.timeout_ms));
     match (inv.verb.as_str(), inv.id.clone()) {
         ("create" | "run", Some(id)) => {
             let bundle = inv.bundle.clone().unwrap_or_else(|| PathBuf::from("."));
-            let admitted = match prepare(&cfg.socket, timeout, &id, &bundle) {
+            let admitted = match prepare(&cfg, &id, &bundle) {
                 Ok(admitted) => admitted,
                 Err(msg) => return fail(&inv, &msg),
             };
@@ -176,18 +128,20 @@ pub fn run(args: Vec<OsString>) -> i32 {
                 }
             };
             if code != 0 {
-                let _ = api::call(&cfg.socket, &Request::Remove { id }, timeout);
+                let _ = cfg.call(&Request::Remove { id });
             }
             code
         }
+        ("start", Some(id)) => {
+            // Best effort (the registry's state; the controller tracks a created container
+            // already), and never holding a start up for long.
+            let _ = api::call(&cfg.socket, &Request::Start { id }, notify);
+            exec(&runtime, &args)
+        }
         ("delete", Some(id)) => {
-            // Best effort, and never holding a delete up for long: a container that is gone
-            // is released by the next resync too.
-            let _ = api::call(
-                &cfg.socket,
-                &Request::Remove { id },
-                NOTIFY_TIMEOUT.min(timeout),
-            );
+            // Best effort, likewise: a container that is gone is released by the next resync
+            // too.
+            let _ = api::call(&cfg.socket, &Request::Remove { id }, notify);
             exec(&runtime, &args)
         }
         _ => exec(&runtime, &args),
@@ -195,50 +149,29 @@ pub fn run(args: Vec<OsString>) -> i32 {
 }
 
 /// The decision on a container being created, written into its bundle. `Ok(true)`: a GPU
-/// container the agent admitted (and registered); `Ok(false)`: not a GPU container (its
-/// environment neutralized if it would select GPUs). `Err`: the message to fail with.
-fn prepare(socket: &Path, timeout: Duration, id: &str, bundle: &Path) -> Result<bool, String> {
+/// container the agent admitted (and registered under `id`); `Ok(false)`: not a GPU
+/// container (its environment neutralized if it would select GPUs), or one the precreate
+/// hook already decided on (registered under its handle). `Err`: the message to fail with.
+fn prepare(cfg: &ClientConfig, id: &str, bundle: &Path) -> Result<bool, String> {
     let mut b = BundleSpec::load(bundle).map_err(|e| format!("gpushare: {e}"))?;
-    if b.is_sandbox() {
+    // Both modes configured (podman's hooks.d and `--runtime gpushare-runtime`): the hook's
+    // decision is in the spec already; a second one would count the container twice. (Only
+    // the hook writes the annotation: containerd's CRI passes a pod's annotations to the spec
+    // only as configured — the shipped config names the assignment and the grants.)
+    if oci::handle(&b).is_some() {
         return Ok(false);
     }
-    if !oci::has_gpu_hint(&b) {
-        let env = b
-            .spec
-            .process()
-            .as_ref()
-            .and_then(|p| p.env().clone())
-            .unwrap_or_default();
-        if let Some(adj) = adjust::neutralize_non_gpu(&env) {
-            write(&mut b, &adj)?;
-        }
-        return Ok(false);
-    }
-    let req = Request::Create {
-        id: id.to_string(),
-        spec: b.json.clone(),
-    };
-    let resp = api::call(socket, &req, timeout).map_err(|e| match e {
-        // Fail closed: without the agent a GPU container gets no GPU and no quota.
-        CallError::Unreachable { .. } | CallError::NoAnswer { .. } => {
-            format!("gpushare: GPU containers are refused while {e}")
-        }
-    })?;
-    if !resp.ok {
-        return Err(resp.message);
-    }
-    if let Some(adj) = &resp.adjustment
-        && let Err(msg) = write(&mut b, adj)
+    let prepared = client::prepare(cfg, id, &mut b)?;
+    let admitted = prepared == Prepared::Admitted;
+    if prepared != (Prepared::NotGpu { neutralized: false })
+        && let Err(e) = b.save()
     {
-        let _ = api::call(socket, &Request::Remove { id: id.into() }, timeout);
-        return Err(msg);
+        if admitted {
+            let _ = cfg.call(&Request::Remove { id: id.into() });
+        }
+        return Err(format!("gpushare: {e}"));
     }
-    Ok(resp.adjustment.is_some())
-}
-
-fn write(b: &mut BundleSpec, adj: &adjust::Adjustment) -> Result<(), String> {
-    oci::apply(&mut b.json, adj).map_err(|e| format!("gpushare: {e}"))?;
-    b.save().map_err(|e| format!("gpushare: {e}"))
+    Ok(admitted)
 }
 
 /// The real runtime's path: `runtime` itself if it has a `/`, else the first on `PATH`;

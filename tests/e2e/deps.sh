@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs what the e2e tests and the demo need from Debian's packages when it is missing:
-# runc (containerd's runtime), busybox-static (the local images), jq and curl, and Debian's
-# own containerd 1.6 (no NRI: the runtime wrapper's e2e). containerd 2.x and 1.7 and crictl
-# are built from the Go module proxy by lib.sh (e2e_build_peers).
+# runc (containerd's runtime), busybox-static (the local images), jq and curl, Debian's own
+# containerd 1.6 (no NRI: the runtime wrapper's e2e) and podman 4.3 (the OCI hooks' e2e,
+# tests/e2e/hooks.sh). containerd 2.x and 1.7 and crictl are built from the Go module proxy
+# by lib.sh (e2e_build_peers).
 set -euo pipefail
 need=()
 command -v runc >/dev/null || need+=(runc)
@@ -10,6 +11,7 @@ dpkg -s busybox-static >/dev/null 2>&1 || need+=(busybox-static)
 command -v jq >/dev/null || need+=(jq)
 command -v curl >/dev/null || need+=(curl)
 [[ -x /usr/bin/containerd && -x /usr/bin/containerd-shim-runc-v2 ]] || need+=(containerd)
+command -v podman >/dev/null || need+=(podman)
 command -v go >/dev/null || need+=(golang-go)
 command -v objdump >/dev/null || need+=(binutils)
 command -v pip3 >/dev/null || need+=(python3-pip)
