@@ -41,7 +41,10 @@ async fn the_runtime_api_gives_the_nri_decision_to_root_only() {
     let socket = dir.path().join("run/runtime.sock");
     let node = Arc::new(Node::new(AgentState::in_memory("test-node")));
     let listener = api::bind(&socket).unwrap();
-    tokio::spawn(api::serve(listener, node.clone()));
+    let pending = Arc::new(gpushare::runtime::pending::Pending::new(
+        Duration::from_secs(60),
+    ));
+    tokio::spawn(api::serve(listener, node.clone(), pending));
     use std::os::unix::fs::PermissionsExt;
     let mode = std::fs::metadata(&socket).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode, 0o600, "the socket is root's only");
