@@ -19,9 +19,9 @@ command -v podman >/dev/null || { echo "e2e-hooks: podman missing (tests/e2e/dep
 RUNC=$(command -v runc) || { echo "e2e-hooks: runc missing (tests/e2e/deps.sh)" >&2; exit 1; }
 PORT=${GPUSHARE_E2E_HOOKS_PORT:-19460}
 REL=$(dirname "$BIN")
-LIMITER=$REL/libgpushare_limiter.so
 
 ROOT=$(mktemp -d /tmp/gpushare-e2e-hooks.XXXXXX)
+E2E_ROOT=$ROOT # where e2e_agent_launch puts the agent's files (no containerd here)
 SOCK=$ROOT/runtime.sock
 # Every container's cgroup below this one (podman's and the bundle's), removed at the end.
 CGROUP_PARENT=/gpushare-e2e-hooks-${ROOT##*.}
@@ -60,30 +60,17 @@ cleanup() {
 }
 trap cleanup EXIT
 
-status() { curl -fsS "http://127.0.0.1:$PORT/$1"; }
-
-wait_healthy() {
-    local i
-    for ((i = 0; i < 100; i++)); do
-        status healthz >/dev/null 2>&1 && return 0
-        sleep 0.1
-    done
-    echo "agent not healthy after 10 s; log tail:" >&2
-    tail -20 "$ROOT/agent.log" >&2 || true
-    return 1
-}
+status() { e2e_agent_status "$PORT" "$1"; }
 
 # The agent as on a node without NRI: the local API on its socket, the registry rebuilt from
 # podman's runc root at start; a container the precreate hook got admitted is looked for in
 # runc's state after 1 s without starting (60 s by default).
 start_agent() {
     printf '[runtime_api]\nhook_grace_ms = 1000\n' >"$ROOT/node.toml"
-    "$BIN" node --config "$ROOT/node.toml" --no-nri --runtime-socket "$SOCK" --runc-root "$ROOT/runc" \
-        --gpu-backend sim --dev-root "$ROOT/simdev" --node-name e2e-node \
-        --status-listen "127.0.0.1:$PORT" --log-file "$ROOT/agent.log" \
-        --state-dir "$ROOT/state" --limiter-library "$LIMITER" --sim-driver-dir "$DRIVER_DIR" &
-    AGENT_PID=$!
-    wait_healthy
+    e2e_agent_launch "$BIN" "$PORT" "$DRIVER_DIR" --config "$ROOT/node.toml" --no-nri \
+        --runtime-socket "$SOCK" --runc-root "$ROOT/runc"
+    AGENT_PID=$E2E_AGENT_PID
+    e2e_agent_wait_healthy "$PORT"
 }
 
 kill_agent() {

@@ -780,7 +780,7 @@ e2e_last_pod_id() { cat "$E2E_ROOT/last-pod-id"; }
 e2e_agent_launch() {
     local bin=$1 port=$2 driver=$3
     shift 3
-    "$bin" node --nri-socket "$E2E_NRI_SOCK" --gpu-backend sim --dev-root "$E2E_ROOT/simdev" \
+    "$bin" node ${E2E_NRI_SOCK:+--nri-socket "$E2E_NRI_SOCK"} --gpu-backend sim --dev-root "$E2E_ROOT/simdev" \
         --node-name e2e-node --status-listen "127.0.0.1:$port" --log-file "$E2E_ROOT/agent.log" \
         --state-dir "$E2E_ROOT/state" --limiter-library "$(dirname "$bin")/libgpushare_limiter.so" \
         --sim-driver-dir "$driver" "$@" &
