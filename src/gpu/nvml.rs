@@ -184,29 +184,17 @@ impl SampleSource for NvmlSource {
 mod tests {
     use super::*;
 
+    fn sample(pid: u32, gpu: u32, sm_util: u32) -> ProcessSample {
+        ProcessSample { pid, gpu, sm_util }
+    }
+
     #[test]
     fn aggregates_processes_into_containers() {
         let util = [
-            ProcessSample {
-                pid: 10,
-                gpu: 0,
-                sm_util: 20,
-            },
-            ProcessSample {
-                pid: 10,
-                gpu: 0,
-                sm_util: 40,
-            },
-            ProcessSample {
-                pid: 11,
-                gpu: 0,
-                sm_util: 10,
-            },
-            ProcessSample {
-                pid: 99,
-                gpu: 0,
-                sm_util: 90,
-            },
+            sample(10, 0, 20),
+            sample(10, 0, 40),
+            sample(11, 0, 10),
+            sample(99, 0, 90),
         ];
         let memory = [(10, 1 << 30), (11, 1 << 29), (99, 1 << 20)];
         let mut map = |pid: u32| match pid {
@@ -224,23 +212,7 @@ mod tests {
 
     #[test]
     fn a_container_on_two_gpus_gets_a_share_of_each() {
-        let util = [
-            ProcessSample {
-                pid: 10,
-                gpu: 0,
-                sm_util: 20,
-            },
-            ProcessSample {
-                pid: 10,
-                gpu: 1,
-                sm_util: 60,
-            },
-            ProcessSample {
-                pid: 11,
-                gpu: 1,
-                sm_util: 10,
-            },
-        ];
+        let util = [sample(10, 0, 20), sample(10, 1, 60), sample(11, 1, 10)];
         let mut map = |pid: u32| (pid < 20).then(|| "a".to_string());
         let s = aggregate(&util, &[], &mut map);
         assert!(

@@ -803,30 +803,27 @@ mod tests {
     }
 
     fn gpu_cluster() -> Cluster {
-        use gpushare_core::request::node::{NODE_GPUS_ANNOTATION, NodeGpu, NodeGpus};
         let mut cluster = Cluster::new(
             "gpushare",
             gpushare_core::request::ResourceNames::default(),
             std::time::Duration::from_secs(60),
         );
-        let gpus = NodeGpus {
-            version: 1,
-            gpus: vec![NodeGpu {
-                index: 0,
-                uuid: "GPU-0".into(),
-                model: "sim".into(),
-                memory_mib: 15360,
-                healthy: true,
-            }],
-        };
-        let mut node = k8s_openapi::api::core::v1::Node::default();
-        node.metadata.name = Some("a".into());
-        node.metadata.annotations =
-            Some([(NODE_GPUS_ANNOTATION.to_string(), gpus.to_json())].into());
+        let mut node = sim_node("a", 1);
         node.metadata.labels =
             Some([("ack.node.gpu.schedule".to_string(), "core_mem".to_string())].into());
         cluster.set_node(&node);
         cluster
+    }
+
+    /// Node `name` with `gpus` simulated 15 GiB GPUs in its `gpushare.io/gpus` annotation.
+    fn sim_node(name: &str, gpus: u32) -> k8s_openapi::api::core::v1::Node {
+        use gpushare_core::request::node::{NODE_GPUS_ANNOTATION, NodeGpus};
+        let gpus = NodeGpus::uniform(gpus, "sim", 15360);
+        let mut node = k8s_openapi::api::core::v1::Node::default();
+        node.metadata.name = Some(name.into());
+        node.metadata.annotations =
+            Some([(NODE_GPUS_ANNOTATION.to_string(), gpus.to_json())].into());
+        node
     }
 
     fn bind_g(node: &str) -> ExtenderBindingArgs {
@@ -940,29 +937,12 @@ mod tests {
 
     #[test]
     fn metrics_text_is_exact() {
-        use gpushare_core::request::node::{NODE_GPUS_ANNOTATION, NodeGpu, NodeGpus};
         let mut cluster = Cluster::new(
             "gpushare",
             gpushare_core::request::ResourceNames::default(),
             std::time::Duration::from_secs(60),
         );
-        let gpus = NodeGpus {
-            version: 1,
-            gpus: (0..2)
-                .map(|index| NodeGpu {
-                    index,
-                    uuid: format!("GPU-{index}"),
-                    model: "sim".into(),
-                    memory_mib: 15360,
-                    healthy: true,
-                })
-                .collect(),
-        };
-        let mut node = k8s_openapi::api::core::v1::Node::default();
-        node.metadata.name = Some("a".into());
-        node.metadata.annotations =
-            Some([(NODE_GPUS_ANNOTATION.to_string(), gpus.to_json())].into());
-        cluster.set_node(&node);
+        cluster.set_node(&sim_node("a", 2));
         let ext = Extender::new(cluster, Arc::new(OnePod));
         ext.metrics.binds_ok.fetch_add(5, Ordering::Relaxed);
         ext.metrics.binds_failed.fetch_add(2, Ordering::Relaxed);

@@ -215,6 +215,26 @@ struct Handle {
     recorded: bool,
 }
 
+impl Handle {
+    /// A container just taken on: thawed, not yet in the guardian list.
+    fn new(
+        cgroup: ContainerCgroup,
+        throttled: ContainerCgroup,
+        freezer: Freezer,
+        gpus: Vec<u32>,
+    ) -> Handle {
+        Handle {
+            cgroup,
+            throttled,
+            freezer,
+            gpus,
+            frozen: false,
+            frozen_since: None,
+            recorded: false,
+        }
+    }
+}
+
 /// Runs the controller until `stop` is set. Thaws everything it froze before returning.
 pub struct Controller {
     cfg: ThrottleConfig,
@@ -403,30 +423,22 @@ impl Controller {
             let gpus: Vec<u32> = gpus.iter().map(|(g, _)| *g).collect();
             if let FreezerMode::Signals { proc_root } = &self.mode {
                 let handle = match self.fs.container(path) {
-                    Ok(cgroup) if cgroup.exists() => Some(Handle {
-                        freezer: Freezer::Signals(SignalFreezer::new(Processes::Cgroup(
-                            cgroup.clone(),
-                        ))),
-                        throttled: cgroup.clone(),
-                        cgroup,
-                        gpus: gpus.clone(),
-                        frozen: false,
-                        frozen_since: None,
-                        recorded: false,
-                    }),
+                    Ok(cgroup) if cgroup.exists() => Some(Handle::new(
+                        cgroup.clone(),
+                        cgroup.clone(),
+                        Freezer::Signals(SignalFreezer::new(Processes::Cgroup(cgroup))),
+                        gpus,
+                    )),
                     // No cgroup at all: the process tree of the registered PID.
-                    Ok(cgroup) if *pid > 0 => Some(Handle {
-                        freezer: Freezer::Signals(SignalFreezer::new(Processes::Tree {
+                    Ok(cgroup) if *pid > 0 => Some(Handle::new(
+                        cgroup.clone(),
+                        cgroup,
+                        Freezer::Signals(SignalFreezer::new(Processes::Tree {
                             proc_root: proc_root.clone(),
                             root: *pid,
                         })),
-                        throttled: cgroup.clone(),
-                        cgroup,
-                        gpus: gpus.clone(),
-                        frozen: false,
-                        frozen_since: None,
-                        recorded: false,
-                    }),
+                        gpus,
+                    )),
                     Ok(_) => None,
                     Err(e) => {
                         tracing::warn!(container = %id, error = %e, "cannot resolve cgroup");
@@ -448,18 +460,9 @@ impl Controller {
                             continue;
                         }
                     };
-                    self.handles.insert(
-                        id.clone(),
-                        Handle {
-                            cgroup,
-                            freezer: Freezer::Cgroup(throttled.clone()),
-                            throttled,
-                            gpus: gpus.clone(),
-                            frozen: false,
-                            frozen_since: None,
-                            recorded: false,
-                        },
-                    );
+                    let freezer = Freezer::Cgroup(throttled.clone());
+                    self.handles
+                        .insert(id.clone(), Handle::new(cgroup, throttled, freezer, gpus));
                     changed = true;
                 }
                 Ok(_) => {} // not created yet; next period

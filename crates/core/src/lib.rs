@@ -13,7 +13,8 @@
 //! - [`limiter`] — the in-container limiter contract: container paths, the limits file, the
 //!   shared accounting region layout;
 //! - [`echo`], [`json`], [`rfc3339`] — reading outside input: how an error shows an outside
-//!   value (cut), JSON with field paths and no duplicate keys, RFC 3339 date-times.
+//!   value (cut), JSON with field paths and no duplicate keys, RFC 3339 date-times;
+//! - [`spin`] — a fork-safe spin lock (the limiter's allocation table).
 
 pub mod adjust;
 pub mod control;
@@ -24,3 +25,4 @@ pub mod limiter;
 pub mod placement;
 pub mod request;
 pub mod rfc3339;
+pub mod spin;

@@ -11,7 +11,6 @@
 //! parent's slot: what it allocates is counted there (over-counting the parent until it exits),
 //! and its exit leaves the slot alone.
 
-use std::cell::UnsafeCell;
 use std::collections::BTreeMap;
 use std::ptr::null_mut;
 use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release, SeqCst};
@@ -21,6 +20,7 @@ use gpushare_core::limiter::{
     LimitsFile, MAX_GPUS, OwnerWord, REGION_SIZE, REGION_SLOTS, REGION_SLOTS_OFFSET, RegionHeader,
     RegionSlot, parse_stat_start_time,
 };
+use gpushare_core::spin::SpinLock;
 
 /// The container's limits and the mapped region, valid for the life of the process.
 pub(crate) struct Limiter {
@@ -402,42 +402,17 @@ pub(crate) struct Counted {
 }
 
 /// The process's allocation table behind a spin lock that `fork` handlers hold across fork.
-pub(crate) struct Table {
-    locked: AtomicBool,
-    map: UnsafeCell<BTreeMap<(Kind, u64), Counted>>,
-}
+pub(crate) struct Table(SpinLock<BTreeMap<(Kind, u64), Counted>>);
 
-// SAFETY: map is only touched while `locked` is held.
-unsafe impl Sync for Table {}
-
-pub(crate) static TABLE: Table = Table {
-    locked: AtomicBool::new(false),
-    map: UnsafeCell::new(BTreeMap::new()),
-};
+pub(crate) static TABLE: Table = Table(SpinLock::new(BTreeMap::new()));
 
 impl Table {
-    fn lock(&self) {
-        while self
-            .locked
-            .compare_exchange_weak(false, true, Acquire, Relaxed)
-            .is_err()
-        {
-            std::thread::yield_now();
-        }
-    }
-
-    fn unlock(&self) {
-        self.locked.store(false, Release);
-    }
-
     pub(crate) fn with<R>(&self, f: impl FnOnce(&mut BTreeMap<(Kind, u64), Counted>) -> R) -> R {
-        self.lock();
-        #[cfg(feature = "test-paths")]
-        test_hooks::hold_table();
-        // SAFETY: the lock is held, so this is the only reference to the map.
-        let r = f(unsafe { &mut *self.map.get() });
-        self.unlock();
-        r
+        self.0.with(|m| {
+            #[cfg(feature = "test-paths")]
+            test_hooks::hold_table();
+            f(m)
+        })
     }
 }
 
@@ -494,18 +469,18 @@ fn register_fork_handlers() {
         return;
     }
     extern "C" fn prepare() {
-        TABLE.lock();
+        TABLE.0.lock();
     }
     extern "C" fn parent() {
-        TABLE.unlock();
+        TABLE.0.unlock();
     }
     extern "C" fn child() {
         // The child has none of the parent's GPU memory and no slot of its own yet.
         // SAFETY: the lock is held (prepare) and the child is single-threaded.
-        unsafe { (*TABLE.map.get()).clear() };
+        unsafe { TABLE.0.locked_value() }.clear();
         MY_SLOT.store(NO_SLOT, Release);
         MY_OWNER.store(OwnerWord::FREE, Release);
-        TABLE.unlock();
+        TABLE.0.unlock();
     }
     // SAFETY: registers three functions that live as long as the process (never unloaded).
     unsafe {

@@ -122,6 +122,22 @@ impl From<SchemaError> for NodeGpusError {
 }
 
 impl NodeGpus {
+    /// `count` identical healthy GPUs, uuids `GPU-0`, `GPU-1`, … (a test node).
+    pub fn uniform(count: u32, model: &str, memory_mib: u64) -> Self {
+        NodeGpus {
+            version: NODE_GPUS_VERSION,
+            gpus: (0..count)
+                .map(|index| NodeGpu {
+                    index,
+                    uuid: format!("GPU-{index}"),
+                    model: model.into(),
+                    memory_mib,
+                    healthy: true,
+                })
+                .collect(),
+        }
+    }
+
     /// From the agent's inventory; `unhealthy` lists GPU indexes to publish as unhealthy.
     pub fn from_inventory(inv: &Inventory, unhealthy: &[u32]) -> Self {
         NodeGpus {
@@ -227,19 +243,7 @@ mod tests {
     }
 
     fn gpus(n: u32) -> String {
-        NodeGpus {
-            version: 1,
-            gpus: (0..n)
-                .map(|index| NodeGpu {
-                    index,
-                    uuid: format!("GPU-{index}"),
-                    model: "sim".into(),
-                    memory_mib: 15360,
-                    healthy: true,
-                })
-                .collect(),
-        }
-        .to_json()
+        NodeGpus::uniform(n, "sim", 15360).to_json()
     }
 
     /// Hardening item 8: GPU sets are 64-bit masks; a node annotation listing more than 64

@@ -14,10 +14,10 @@
 
 #![allow(non_snake_case, clippy::missing_safety_doc)]
 
-use std::cell::UnsafeCell;
+use gpushare_core::spin::SpinLock;
 use std::collections::BTreeMap;
 use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
-use std::sync::atomic::Ordering::{Acquire, Relaxed, Release, SeqCst};
+use std::sync::atomic::Ordering::SeqCst;
 use std::sync::atomic::{AtomicBool, AtomicU64};
 
 type CuResult = c_int;
@@ -43,47 +43,12 @@ static USED: AtomicU64 = AtomicU64::new(0);
 static NEXT: AtomicU64 = AtomicU64::new(0x7f00_0000_0000);
 /// Where the legacy (32-bit `CUdeviceptr_v1`) allocations are placed: below 4 GiB.
 static NEXT_V1: AtomicU64 = AtomicU64::new(0x1000_0000);
-static ALLOCS: Allocs = Allocs {
-    locked: AtomicBool::new(false),
-    map: UnsafeCell::new(BTreeMap::new()),
-};
+/// The allocation table, behind a spin lock that `fork` handlers hold across `fork`, so a child
+/// forked while another thread allocates finds it unlocked (a `Mutex` would stay locked).
+static ALLOCS: SpinLock<BTreeMap<u64, u64>> = SpinLock::new(BTreeMap::new());
 /// Test knob: how long each allocation stays inside the driver (µs), and how many are there.
 static ALLOC_DELAY_US: AtomicU64 = AtomicU64::new(0);
 static IN_FLIGHT: AtomicU64 = AtomicU64::new(0);
-
-/// The allocation table behind a spin lock that `fork` handlers hold across `fork`, so a child
-/// forked while another thread allocates finds it unlocked (a `Mutex` would stay locked).
-struct Allocs {
-    locked: AtomicBool,
-    map: UnsafeCell<BTreeMap<u64, u64>>,
-}
-
-// SAFETY: map is only touched while `locked` is held.
-unsafe impl Sync for Allocs {}
-
-impl Allocs {
-    fn lock(&self) {
-        while self
-            .locked
-            .compare_exchange_weak(false, true, Acquire, Relaxed)
-            .is_err()
-        {
-            std::thread::yield_now();
-        }
-    }
-
-    fn unlock(&self) {
-        self.locked.store(false, Release);
-    }
-
-    fn with<R>(&self, f: impl FnOnce(&mut BTreeMap<u64, u64>) -> R) -> R {
-        self.lock();
-        // SAFETY: the lock is held, so this is the only reference to the map.
-        let r = f(unsafe { &mut *self.map.get() });
-        self.unlock();
-        r
-    }
-}
 
 unsafe extern "C" {
     fn pthread_atfork(

@@ -247,6 +247,18 @@ enum Held {
 
 const MIB: usize = 1 << 20;
 
+/// A 3D descriptor of one-channel floats, its width, height and depth the step's next fields.
+fn float_3d<'a>(parts: &mut impl Iterator<Item = &'a str>) -> Array3dDesc {
+    Array3dDesc {
+        width: num(parts.next()),
+        height: num(parts.next()),
+        depth: num(parts.next()),
+        format: 0x20,
+        channels: 1,
+        flags: 0,
+    }
+}
+
 fn num(s: Option<&str>) -> usize {
     s.and_then(|v| v.parse().ok())
         .unwrap_or_else(|| fail(&format!("bad number {s:?}")))
@@ -375,28 +387,14 @@ fn run_steps(cuda: &Cuda, steps: &[String], held: &mut Vec<Held>, prefix: &str) 
                 hold(held, rc, Held::Array(a), op)
             }
             "array3d" => {
-                let d = Array3dDesc {
-                    width: num(parts.next()),
-                    height: num(parts.next()),
-                    depth: num(parts.next()),
-                    format: 0x20,
-                    channels: 1,
-                    flags: 0,
-                };
+                let d = float_3d(&mut parts);
                 let mut a = 0u64;
                 // SAFETY: valid out-pointer and descriptor.
                 let rc = unsafe { (cuda.array3d_create)(&mut a, &d) };
                 hold(held, rc, Held::Array(a), op)
             }
             "mipmap" => {
-                let d = Array3dDesc {
-                    width: num(parts.next()),
-                    height: num(parts.next()),
-                    depth: num(parts.next()),
-                    format: 0x20,
-                    channels: 1,
-                    flags: 0,
-                };
+                let d = float_3d(&mut parts);
                 let levels = num(parts.next()) as c_uint;
                 let d = Array3dDesc {
                     flags: parts.next().map_or(0, |f| num(Some(f)) as c_uint),

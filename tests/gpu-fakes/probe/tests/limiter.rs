@@ -174,6 +174,15 @@ fn lines(out: &Output) -> Vec<String> {
 
 const CUDA_MODES: [&str; 4] = ["linked", "dlopen", "procaddr", "procaddr-v1"];
 
+/// Runs `steps` on every CUDA path, each in a fresh container holding `limit_bytes`, and checks
+/// the probe's lines.
+fn expect_on_every_cuda_path(limit_bytes: u64, steps: &[&str], expected: &[&str]) {
+    for mode in CUDA_MODES {
+        let c = Container::new(limit_bytes);
+        assert_eq!(c.run(mode, steps), expected, "mode {mode}");
+    }
+}
+
 #[test]
 fn the_probe_sees_the_whole_gpu_without_the_limiter() {
     let c = Container::new(TWO_GIB);
@@ -219,37 +228,31 @@ fn the_view_is_the_quota_on_every_path() {
 
 #[test]
 fn over_quota_fails_with_out_of_memory_without_reaching_the_driver_and_free_gives_it_back() {
-    for mode in CUDA_MODES {
-        let c = Container::new(TWO_GIB);
-        assert_eq!(
-            c.run(
-                mode,
-                &[
-                    "init",
-                    "alloc:1536",
-                    "alloc:1024",
-                    "driver-used",
-                    "info",
-                    "free:0",
-                    "info",
-                    "alloc:1024",
-                    "info"
-                ]
-            ),
-            [
-                "init rc=0",
-                "alloc rc=0 id=0",
-                "alloc rc=2",
-                "driver-used mib=1536",
-                "info rc=0 free_mib=512 total_mib=2048",
-                "free rc=0",
-                "info rc=0 free_mib=2048 total_mib=2048",
-                "alloc rc=0 id=1",
-                "info rc=0 free_mib=1024 total_mib=2048",
-            ],
-            "mode {mode}"
-        );
-    }
+    expect_on_every_cuda_path(
+        TWO_GIB,
+        &[
+            "init",
+            "alloc:1536",
+            "alloc:1024",
+            "driver-used",
+            "info",
+            "free:0",
+            "info",
+            "alloc:1024",
+            "info",
+        ],
+        &[
+            "init rc=0",
+            "alloc rc=0 id=0",
+            "alloc rc=2",
+            "driver-used mib=1536",
+            "info rc=0 free_mib=512 total_mib=2048",
+            "free rc=0",
+            "info rc=0 free_mib=2048 total_mib=2048",
+            "alloc rc=0 id=1",
+            "info rc=0 free_mib=1024 total_mib=2048",
+        ],
+    );
 }
 
 #[test]
@@ -312,104 +315,92 @@ fn every_allocation_path_is_counted_and_released() {
 
 #[test]
 fn mipmapped_arrays_count_every_level_on_every_path() {
-    for mode in CUDA_MODES {
-        let c = Container::new(TWO_GIB);
-        assert_eq!(
-            c.run(
-                mode,
-                &[
-                    "init",
-                    // float, 1 channel; level l is max(1, extent >> l):
-                    "mipmap:4096:4096:8:2:1", // layered (depth = 8 layers): 512 + 128 MiB
-                    "mipmap:1024:1024:64:2",  // 3D: 256 + 32 MiB
-                    "mipmap:1024:1024:6:2:4", // cubemap (6 faces): 24 + 6 MiB
-                    "info",
-                    // 1024 + 256 MiB: level 0 alone would fit in the 1090 MiB left, both do not
-                    "mipmap:16384:16384:0:2",
-                    "driver-used",
-                    "mipmap:64:64:0:4294967295", // levels clamped to 7 (a few KiB)
-                    "free:0",
-                    "free:1",
-                    "free:2",
-                    "free:3",
-                    "info",
-                    "driver-used",
-                ]
-            ),
-            [
-                "init rc=0",
-                "mipmap rc=0 id=0",
-                "mipmap rc=0 id=1",
-                "mipmap rc=0 id=2",
-                "info rc=0 free_mib=1090 total_mib=2048",
-                "mipmap rc=2",
-                "driver-used mib=958",
-                "mipmap rc=0 id=3",
-                "free rc=0",
-                "free rc=0",
-                "free rc=0",
-                "free rc=0",
-                "info rc=0 free_mib=2048 total_mib=2048",
-                "driver-used mib=0",
-            ],
-            "mode {mode}"
-        );
-    }
+    expect_on_every_cuda_path(
+        TWO_GIB,
+        &[
+            "init",
+            // float, 1 channel; level l is max(1, extent >> l):
+            "mipmap:4096:4096:8:2:1", // layered (depth = 8 layers): 512 + 128 MiB
+            "mipmap:1024:1024:64:2",  // 3D: 256 + 32 MiB
+            "mipmap:1024:1024:6:2:4", // cubemap (6 faces): 24 + 6 MiB
+            "info",
+            // 1024 + 256 MiB: level 0 alone would fit in the 1090 MiB left, both do not
+            "mipmap:16384:16384:0:2",
+            "driver-used",
+            "mipmap:64:64:0:4294967295", // levels clamped to 7 (a few KiB)
+            "free:0",
+            "free:1",
+            "free:2",
+            "free:3",
+            "info",
+            "driver-used",
+        ],
+        &[
+            "init rc=0",
+            "mipmap rc=0 id=0",
+            "mipmap rc=0 id=1",
+            "mipmap rc=0 id=2",
+            "info rc=0 free_mib=1090 total_mib=2048",
+            "mipmap rc=2",
+            "driver-used mib=958",
+            "mipmap rc=0 id=3",
+            "free rc=0",
+            "free rc=0",
+            "free rc=0",
+            "free rc=0",
+            "info rc=0 free_mib=2048 total_mib=2048",
+            "driver-used mib=0",
+        ],
+    );
 }
 
 #[test]
 fn legacy_entry_points_are_counted_refused_and_viewed_on_every_path() {
-    for mode in CUDA_MODES {
-        let c = Container::new(TWO_GIB);
-        assert_eq!(
-            c.run(
-                mode,
-                &[
-                    "init",
-                    "info32",
-                    "devtotal32",
-                    "alloc32:1024",
-                    "alloc32:1536",
-                    "driver-used",
-                    "info32",
-                    "info",
-                    "pitch32:1000:262144", // 1000 B rows padded to 1024: 256 MiB
-                    "array32:16384:4096",  // float: 256 MiB
-                    "array3d32:1024:1024:64", // float: 256 MiB
-                    "info32",
-                    "alloc:512", // the _v2 path shares the count
-                    "free:0",
-                    "free:1",
-                    "free:2",
-                    "free:3",
-                    "info32",
-                    "driver-used",
-                ]
-            ),
-            [
-                "init rc=0",
-                "info32 rc=0 free_mib=2048 total_mib=2048",
-                "devtotal32 rc=0 total_mib=2048",
-                "alloc32 rc=0 id=0",
-                "alloc32 rc=2",
-                "driver-used mib=1024",
-                "info32 rc=0 free_mib=1024 total_mib=2048",
-                "info rc=0 free_mib=1024 total_mib=2048",
-                "pitch32 rc=0 id=1 pitch=1024",
-                "array32 rc=0 id=2",
-                "array3d32 rc=0 id=3",
-                "info32 rc=0 free_mib=256 total_mib=2048",
-                "alloc rc=2",
-                "free rc=0",
-                "free rc=0",
-                "free rc=0",
-                "free rc=0",
-                "info32 rc=0 free_mib=2048 total_mib=2048",
-                "driver-used mib=0",
-            ],
-            "mode {mode}"
-        );
-    }
+    expect_on_every_cuda_path(
+        TWO_GIB,
+        &[
+            "init",
+            "info32",
+            "devtotal32",
+            "alloc32:1024",
+            "alloc32:1536",
+            "driver-used",
+            "info32",
+            "info",
+            "pitch32:1000:262144",    // 1000 B rows padded to 1024: 256 MiB
+            "array32:16384:4096",     // float: 256 MiB
+            "array3d32:1024:1024:64", // float: 256 MiB
+            "info32",
+            "alloc:512", // the _v2 path shares the count
+            "free:0",
+            "free:1",
+            "free:2",
+            "free:3",
+            "info32",
+            "driver-used",
+        ],
+        &[
+            "init rc=0",
+            "info32 rc=0 free_mib=2048 total_mib=2048",
+            "devtotal32 rc=0 total_mib=2048",
+            "alloc32 rc=0 id=0",
+            "alloc32 rc=2",
+            "driver-used mib=1024",
+            "info32 rc=0 free_mib=1024 total_mib=2048",
+            "info rc=0 free_mib=1024 total_mib=2048",
+            "pitch32 rc=0 id=1 pitch=1024",
+            "array32 rc=0 id=2",
+            "array3d32 rc=0 id=3",
+            "info32 rc=0 free_mib=256 total_mib=2048",
+            "alloc rc=2",
+            "free rc=0",
+            "free rc=0",
+            "free rc=0",
+            "free rc=0",
+            "info32 rc=0 free_mib=2048 total_mib=2048",
+            "driver-used mib=0",
+        ],
+    );
     // A quota past what an `unsigned int` holds: the legacy view saturates, never wraps.
     let c = Container::new(6 << 30);
     assert_eq!(
