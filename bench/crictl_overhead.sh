@@ -45,6 +45,7 @@ repo=$(cd "$here/.." && pwd)
 source "$repo/tests/e2e/lib.sh"
 
 BIN=${GPUSHARE_BIN:-$repo/target/release/gpushare}
+WRAPPER_BIN=${GPUSHARE_RUNTIME_BIN:-${BIN%/*}/gpushare-runtime}
 [[ -x $BIN ]] || { echo "bench: $BIN not built (cargo build --release)" >&2; exit 1; }
 ROUNDS=${1:-10}
 PODS=${2:-10}
@@ -175,7 +176,7 @@ if [[ ${GPUSHARE_BENCH_TMPFS:-1} != 0 ]]; then
 fi
 if [[ $BENCH_PATH == wrapper ]]; then
     mkdir -p "$root/bin"
-    ln -sf "$BIN" "$root/bin/gpushare-runtime"
+    ln -sf "$WRAPPER_BIN" "$root/bin/gpushare-runtime"
     printf 'runtime = "%s"\nsocket = "%s"\n' "$(command -v runc || echo /usr/sbin/runc)" \
         "$root/runtime.sock" >"$root/runtime.toml"
     export E2E_WRAPPER_HANDLER=$root/bin/gpushare-runtime GPUSHARE_RUNTIME_CONFIG=$root/runtime.toml

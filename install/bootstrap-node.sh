@@ -25,6 +25,10 @@ if [[ $mode == preinstalled ]]; then
     echo "installed /opt/nri/plugins/10-gpushare; restart containerd to launch it"
 else
     install -D -m 0755 "$bin" /usr/local/bin/gpushare
+    # The runtime wrapper for runtimes without NRI (install/containerd/wrapper-containerd-1.6.toml).
+    if [[ -x ${bin%/*}/gpushare-runtime ]]; then
+        install -D -m 0755 "${bin%/*}/gpushare-runtime" /usr/local/bin/gpushare-runtime
+    fi
     [[ -e /etc/gpushare/node.toml ]] || install -D -m 0644 "$here/node.toml" /etc/gpushare/node.toml
     install -D -m 0644 "$here/systemd/gpushare-node.service" /etc/systemd/system/gpushare-node.service
     systemctl daemon-reload

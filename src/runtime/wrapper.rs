@@ -211,7 +211,10 @@ fn fail(inv: &Invocation, msg: &str) -> i32 {
     eprintln!("{msg}");
     if let Some(log) = &inv.log {
         let line = if inv.log_json {
-            let time = crate::scheduler::server::now_rfc3339();
+            let secs = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs() as i64);
+            let time = gpushare_core::rfc3339::format_unix(secs);
             serde_json::json!({"level": "error", "msg": msg, "time": time}).to_string()
         } else {
             format!("level=error msg={msg:?}")

@@ -13,6 +13,7 @@ repo=$(cd "$here/../.." && pwd)
 source "$here/lib.sh"
 
 BIN=${GPUSHARE_BIN:-$repo/target/release/gpushare}
+WRAPPER_BIN=${GPUSHARE_RUNTIME_BIN:-${BIN%/*}/gpushare-runtime}
 [[ -x $BIN ]] || { echo "e2e-hooks: $BIN not built (cargo build --release)" >&2; exit 1; }
 ((EUID == 0)) || { echo "e2e-hooks: needs root (podman, runc, device nodes)" >&2; exit 1; }
 command -v podman >/dev/null || { echo "e2e-hooks: podman missing (tests/e2e/deps.sh)" >&2; exit 1; }
@@ -269,7 +270,7 @@ pm rm -af -t 0 >/dev/null 2>&1 || true
 # ------------------------------------------- runc on a bundle, wrapped ----
 echo "=== runc on a bundle through gpushare-runtime ==="
 WRAPPER=$ROOT/bin/gpushare-runtime
-ln -sf "$BIN" "$WRAPPER"
+ln -sf "$WRAPPER_BIN" "$WRAPPER"
 BUNDLE=$ROOT/bundle
 # The busybox image's rootfs, unpacked from its OCI layout (one uncompressed layer).
 unpack_busybox() {

@@ -12,6 +12,7 @@ repo=$(cd "$here/../.." && pwd)
 source "$here/lib.sh"
 
 BIN=${GPUSHARE_BIN:-$repo/target/release/gpushare}
+WRAPPER_BIN=${GPUSHARE_RUNTIME_BIN:-${BIN%/*}/gpushare-runtime}
 [[ -x $BIN ]] || { echo "e2e: $BIN not built (cargo build --release)" >&2; exit 1; }
 VERSIONS=("$@")
 ((${#VERSIONS[@]})) || VERSIONS=(2 1.7 1.6)
@@ -286,10 +287,10 @@ for V in "${VERSIONS[@]}"; do
     root=$(mktemp -d /tmp/gpushare-e2e.XXXXXX)
     unset E2E_RUNC GPUSHARE_RUNTIME_CONFIG
     if [[ $V == 1.6 ]]; then
-        # containerd's runc shim runs `gpushare-runtime` (a link to the binary) as its runc;
-        # the wrapper's config reaches it through containerd's environment.
+        # containerd's runc shim runs `gpushare-runtime` (the wrapper's own binary) as its
+        # runc; the wrapper's config reaches it through containerd's environment.
         mkdir -p "$root/bin"
-        ln -sf "$BIN" "$root/bin/gpushare-runtime"
+        ln -sf "$WRAPPER_BIN" "$root/bin/gpushare-runtime"
         printf 'runtime = "%s"\nsocket = "%s"\n' "$(command -v runc || echo /usr/sbin/runc)" \
             "$root/runtime.sock" >"$root/runtime.toml"
         export E2E_RUNC=$root/bin/gpushare-runtime GPUSHARE_RUNTIME_CONFIG=$root/runtime.toml

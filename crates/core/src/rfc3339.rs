@@ -10,6 +10,28 @@
 //! minutes 00-59. A space for the `T` (allowed by the RFC's note, not by its grammar) is
 //! refused.
 
+/// `secs` since the Unix epoch as an RFC 3339 date-time in UTC, whole seconds
+/// (`1970-01-01T00:00:00Z`).
+pub fn format_unix(secs: i64) -> String {
+    let (days, rem) = (secs.div_euclid(86400), secs.rem_euclid(86400));
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
 /// `Ok` when `s` is an RFC 3339 date-time; else what is wrong, in a few words.
 pub fn check(s: &str) -> Result<(), String> {
     let b = s.as_bytes();
@@ -97,6 +119,17 @@ pub fn check(s: &str) -> Result<(), String> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn format_unix_is_utc_and_checks() {
+        assert_eq!(super::format_unix(0), "1970-01-01T00:00:00Z");
+        assert_eq!(super::format_unix(951_782_400), "2000-02-29T00:00:00Z");
+        assert_eq!(super::format_unix(1_795_999_999), "2026-11-30T00:53:19Z");
+        assert_eq!(super::format_unix(-1), "1969-12-31T23:59:59Z");
+        for secs in [0, 68_169_600, 1_234_567_890, 4_102_444_800] {
+            super::check(&super::format_unix(secs)).unwrap();
+        }
+    }
+
     use super::*;
 
     #[test]
