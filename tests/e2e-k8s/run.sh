@@ -241,6 +241,8 @@ e2e_check "sample uses 30 ±5 % of its GPU (${SHARE30}‰)" test "$SHARE30" -ge 
 e2e_check "sample runs at 30 ±5 % of the unconstrained pod's rate per GPU (${RATIO30}‰)" test "$RATIO30" -ge 250 -a "$RATIO30" -le 350
 e2e_check "agent metrics show the sample pod's quota" bash -c \
     "curl -fsS 127.0.0.1:$STATUS_PORT/metrics | grep -q 'gpushare_container_gpu_core_quota_ratio{pod=\"default/$SAMPLE\".*} 0.30'"
+# Kept for the dashboard check (section 5): the agent's metrics while GPU pods run.
+curl -fsS "127.0.0.1:$STATUS_PORT/metrics" >"$ROOT/agent-metrics.txt" || true
 kc delete pod burn100 --wait=true >/dev/null
 
 echo "=== 3. binpack: three more 30 % pods"
@@ -312,6 +314,10 @@ e2e_check "the rest wait with a readable reason" wait_for 60 "reasons" bash -c \
     "$K8S_KUBECTL get pods -o json | jq -e '[.items[] | select(.metadata.name | startswith(\"many-\")) | select(.spec.nodeName == null) | .status.conditions[]? | select(.type == \"PodScheduled\") | .message] | length == 22 and all(test(\"compute free|Insufficient aliyun.com/gpu\"))'"
 e2e_check "extender metrics count the binds" bash -c \
     "ext_curl metrics | grep -E '^gpushare_extender_binds_total\\{result=\"ok\"\\} [1-9]'"
+ext_curl metrics >"$ROOT/extender-metrics.txt" || true
+e2e_check "the Grafana dashboard (install/grafana/gpushare.json) queries only metrics the agent and the extender export" \
+    bash "$E2E_REPO/tests/dashboard_metrics.sh" "$E2E_REPO/install/grafana/gpushare.json" \
+    "$ROOT/agent-metrics.txt" "$ROOT/extender-metrics.txt"
 
 echo "=== 6. gpushare inspect"
 out=$("$BIN" inspect --kubeconfig "$KUBECONFIG" 2>&1) || true
