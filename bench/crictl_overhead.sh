@@ -44,8 +44,7 @@ repo=$(cd "$here/.." && pwd)
 # shellcheck source=tests/e2e/lib.sh
 source "$repo/tests/e2e/lib.sh"
 
-BIN=${GPUSHARE_BIN:-$repo/target/release/gpushare}
-WRAPPER_BIN=${GPUSHARE_RUNTIME_BIN:-${BIN%/*}/gpushare-runtime}
+BIN=$E2E_BIN WRAPPER_BIN=$E2E_WRAPPER_BIN
 [[ -x $BIN ]] || { echo "bench: $BIN not built (cargo build --release)" >&2; exit 1; }
 ROUNDS=${1:-10}
 PODS=${2:-10}

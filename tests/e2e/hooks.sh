@@ -7,13 +7,10 @@
 # Ends with "N passed, M failed"; exits non-zero on any failure.
 set -euo pipefail
 
-here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-repo=$(cd "$here/../.." && pwd)
 # shellcheck source=tests/e2e/lib.sh
-source "$here/lib.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-BIN=${GPUSHARE_BIN:-$repo/target/release/gpushare}
-WRAPPER_BIN=${GPUSHARE_RUNTIME_BIN:-${BIN%/*}/gpushare-runtime}
+BIN=$E2E_BIN WRAPPER_BIN=$E2E_WRAPPER_BIN
 [[ -x $BIN ]] || { echo "e2e-hooks: $BIN not built (cargo build --release)" >&2; exit 1; }
 ((EUID == 0)) || { echo "e2e-hooks: needs root (podman, runc, device nodes)" >&2; exit 1; }
 command -v podman >/dev/null || { echo "e2e-hooks: podman missing (tests/e2e/deps.sh)" >&2; exit 1; }
@@ -197,7 +194,7 @@ mkdir -p "$ROOT/hooks.d" "$ROOT/bin"
 printf '#!/bin/sh\nexec "%s" --root "%s" "$@"\n' "$RUNC" "$ROOT/runc" >"$ROOT/bin/runc"
 chmod +x "$ROOT/bin/runc"
 printf 'runtime = "%s"\nsocket = "%s"\n' "$RUNC" "$SOCK" >"$ROOT/runtime.toml"
-for f in "$repo"/install/hooks.d/*.json; do
+for f in "$E2E_REPO"/install/hooks.d/*.json; do
     jq --arg bin "$BIN" --arg cfg "$ROOT/runtime.toml" \
         '.hook.path = $bin | .hook.env = ["GPUSHARE_RUNTIME_CONFIG=" + $cfg]' "$f" \
         >"$ROOT/hooks.d/${f##*/}"

@@ -47,6 +47,10 @@
 # ------------------------------------------------------------ constants ----
 E2E_LIB_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 E2E_REPO=$(cd "$E2E_LIB_DIR/../.." && pwd)
+# The binaries under test: gpushare (GPUSHARE_BIN) and the runtime wrapper's own binary beside
+# it (GPUSHARE_RUNTIME_BIN).
+E2E_BIN=${GPUSHARE_BIN:-$E2E_REPO/target/release/gpushare}
+E2E_WRAPPER_BIN=${GPUSHARE_RUNTIME_BIN:-${E2E_BIN%/*}/gpushare-runtime}
 E2E_PEERS_DIR=${E2E_PEERS_DIR:-$E2E_REPO/target/peers}
 E2E_IMAGES_DIR=${E2E_IMAGES_DIR:-$E2E_REPO/target/e2e-images}
 

@@ -6,13 +6,10 @@
 # Ends with "N passed, M failed"; exits non-zero on any failure.
 set -euo pipefail
 
-here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-repo=$(cd "$here/../.." && pwd)
 # shellcheck source=tests/e2e/lib.sh
-source "$here/lib.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-BIN=${GPUSHARE_BIN:-$repo/target/release/gpushare}
-WRAPPER_BIN=${GPUSHARE_RUNTIME_BIN:-${BIN%/*}/gpushare-runtime}
+BIN=$E2E_BIN WRAPPER_BIN=$E2E_WRAPPER_BIN
 [[ -x $BIN ]] || { echo "e2e: $BIN not built (cargo build --release)" >&2; exit 1; }
 VERSIONS=("$@")
 ((${#VERSIONS[@]})) || VERSIONS=(2 1.7 1.6)
