@@ -22,7 +22,7 @@ pub struct SimulateArgs {
     /// Node list CSV (sn, cpu_milli, memory_mib, gpu, model).
     #[arg(long)]
     pub nodes: PathBuf,
-    /// Pod list CSV(s) (name, cpu_milli, memory_mib, num_gpu, gpu_milli, gpu_spec, …); one
+    /// Pod list CSV(s) (name, cpu_milli, memory_mib, num_gpu, gpu_milli[, gpu_spec], …); one
     /// trace each. Repeat the flag or separate with commas.
     #[arg(long, required = true, value_delimiter = ',')]
     pub pods: Vec<PathBuf>,

@@ -18,6 +18,7 @@ use super::wire::{ExtenderFilterResult, HostPriority, MAX_SCORE};
 use crate::kubeobjects::{self, pod_key};
 use gpushare_core::echo::Echo;
 use gpushare_core::placement::model::{LabelError, TooManyGpus};
+use gpushare_core::placement::reject::KIND_LABELS;
 use gpushare_core::placement::{
     Engine, GpuDemand, GpuSet, GpuSpec, NodeSpec, Placement, Reject, Request, Why, by_name,
 };
@@ -188,6 +189,24 @@ pub fn node_spec(node: &Node) -> Result<(NodeSpec, Vec<(u32, String)>), NodeErro
         .collect();
     Ok((spec, uuids))
 }
+
+/// Every reason a filter rules a node out for: the engine's [`KIND_LABELS`], then a pod
+/// whose request is invalid, a node whose GPU annotation is, a node not known yet.
+pub const FILTER_REASONS: [&str; 13] = [
+    KIND_LABELS[0],
+    KIND_LABELS[1],
+    KIND_LABELS[2],
+    KIND_LABELS[3],
+    KIND_LABELS[4],
+    KIND_LABELS[5],
+    KIND_LABELS[6],
+    KIND_LABELS[7],
+    KIND_LABELS[8],
+    KIND_LABELS[9],
+    "invalid_pod",
+    "invalid_node",
+    "unknown_node",
+];
 
 /// Rejections that preemption cannot fix (the node can never take the pod).
 fn unresolvable(why: &Why) -> bool {
@@ -427,6 +446,17 @@ impl Cluster {
 
     /// `filter`: which of `names` can take the pod, and why the others cannot.
     pub fn filter(&mut self, pod: &Pod, names: &[String]) -> ExtenderFilterResult {
+        self.filter_counted(pod, names, &mut |_| {})
+    }
+
+    /// [`Cluster::filter`], telling `rejected` the reason ([`FILTER_REASONS`]) of each node
+    /// it rules out.
+    pub fn filter_counted(
+        &mut self,
+        pod: &Pod,
+        names: &[String],
+        rejected: &mut dyn FnMut(&'static str),
+    ) -> ExtenderFilterResult {
         // Node changes listed after a watch restart reach the engine before any decision.
         self.flush();
         let mut out = ExtenderFilterResult::default();
@@ -442,6 +472,7 @@ impl Cluster {
                 for n in names {
                     out.failed_and_unresolvable_nodes
                         .insert(n.clone(), e.clone());
+                    rejected("invalid_pod");
                 }
                 out.node_names = Some(Vec::new());
                 return out;
@@ -451,11 +482,13 @@ impl Cluster {
         for n in names {
             match self.check(n, &demand.request) {
                 Ok(()) => ok.push(n.clone()),
-                Err((msg, true)) => {
+                Err((msg, true, reason)) => {
                     out.failed_and_unresolvable_nodes.insert(n.clone(), msg);
+                    rejected(reason);
                 }
-                Err((msg, false)) => {
+                Err((msg, false, reason)) => {
                     out.failed_nodes.insert(n.clone(), msg);
+                    rejected(reason);
                 }
             }
         }
@@ -463,21 +496,22 @@ impl Cluster {
         out
     }
 
-    /// Whether node `n` takes `req`; the error says why and whether it is unresolvable.
-    fn check(&self, n: &str, req: &Request) -> Result<(), (String, bool)> {
+    /// Whether node `n` takes `req`; the error says why, whether it is unresolvable, and the
+    /// reason's label.
+    fn check(&self, n: &str, req: &Request) -> Result<(), (String, bool, &'static str)> {
         // Every good node is in the engine: one hash lookup on the common path.
         if let Some(id) = self.engine.node_id(n) {
-            return self
-                .engine
-                .check(id, req)
-                .map(|_| ())
-                .map_err(|r: Reject| (r.to_string(), unresolvable(&r.why)));
+            return self.engine.check(id, req).map(|_| ()).map_err(|r: Reject| {
+                let label = KIND_LABELS[r.why.kind()];
+                (r.to_string(), unresolvable(&r.why), label)
+            });
         }
         match self.nodes.get(n) {
-            Some(Err(e)) => Err((e.to_string(), true)),
+            Some(Err(e)) => Err((e.to_string(), true, "invalid_node")),
             _ => Err((
                 format!("node {:#} is not known to gpushare yet", Echo::new(n)),
                 false,
+                "unknown_node",
             )),
         }
     }
@@ -719,7 +753,15 @@ mod tests {
         plain.metadata.annotations = None;
         c.set_node(&plain);
         let p = pod("p1", "2", Some("30"));
-        let r = c.filter(&p, &names(&["a", "m", "x", "unknown"]));
+        let mut reasons = Vec::new();
+        let mut count = |r: &'static str| reasons.push(r);
+        let r = c.filter_counted(&p, &names(&["a", "m", "x", "unknown"]), &mut count);
+        // The reasons the extender's metric counts, one per node ruled out.
+        assert_eq!(
+            reasons,
+            ["core_on_memory_only_node", "invalid_node", "unknown_node"]
+        );
+        assert!(reasons.iter().all(|r| FILTER_REASONS.contains(r)));
         assert_eq!(r.node_names.as_deref(), Some(&names(&["a"])[..]));
         assert!(
             r.failed_and_unresolvable_nodes["m"].contains("schedule=cgpu"),
@@ -728,14 +770,20 @@ mod tests {
         assert!(r.failed_and_unresolvable_nodes["x"].contains("gpushare.io/gpus"));
         assert!(r.failed_nodes["unknown"].contains("not known"));
         // Memory-only pod: not on the core_mem node.
-        let r = c.filter(&pod("m1", "2", None), &names(&["a", "m"]));
+        let mut reasons = Vec::new();
+        let mut count = |r: &'static str| reasons.push(r);
+        let r = c.filter_counted(&pod("m1", "2", None), &names(&["a", "m"]), &mut count);
+        assert_eq!(reasons, ["memory_only_on_core_node"]);
         assert_eq!(r.node_names.as_deref(), Some(&names(&["m"])[..]));
         assert!(
             r.failed_and_unresolvable_nodes["a"].contains("needs a cgpu or share node"),
             "{r:?}"
         );
         // Invalid: every node fails with the reason.
-        let r = c.filter(&pod("bad", "2", Some("33")), &names(&["a"]));
+        let mut reasons = Vec::new();
+        let mut count = |r: &'static str| reasons.push(r);
+        let r = c.filter_counted(&pod("bad", "2", Some("33")), &names(&["a"]), &mut count);
+        assert_eq!(reasons, ["invalid_pod"]);
         assert!(
             r.failed_and_unresolvable_nodes["a"].contains("33 is not a multiple of 5"),
             "{r:?}"

@@ -16,7 +16,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use k8s_openapi::api::core::v1::Pod;
 
-use super::cache::{Cluster, ReserveError};
+use super::cache::{Cluster, FILTER_REASONS, ReserveError};
 use super::wire::{
     ExtenderArgs, ExtenderBindingArgs, ExtenderBindingResult, ExtenderFilterResult, HostPriority,
     MAX_BODY, WireError, decode,
@@ -223,6 +223,8 @@ pub struct Metrics {
     pub binds_failed: AtomicU64,
     pub assumed_expired: AtomicU64,
     pub watch_restarts: AtomicU64,
+    /// Nodes ruled out by `filter`, by reason ([`FILTER_REASONS`], same order).
+    pub filter_rejections: [AtomicU64; FILTER_REASONS.len()],
 }
 
 /// Shared by the handlers and the watch loop.
@@ -301,7 +303,11 @@ impl Extender {
         let out = match &args.pod {
             None => FilterError::NoPod.into(),
             Some(_) if !self.synced() => FilterError::NotSynced.into(),
-            Some(pod) => self.lock().filter(pod, &names),
+            Some(pod) => self.lock().filter_counted(pod, &names, &mut |reason| {
+                if let Some(i) = FILTER_REASONS.iter().position(|r| *r == reason) {
+                    self.metrics.filter_rejections[i].fetch_add(1, Ordering::Relaxed);
+                }
+            }),
         };
         self.metrics.filter.observe(t);
         out
@@ -519,6 +525,10 @@ impl Extender {
             )
             .untyped("gpushare_extender_assumed_expired_total")
             .sample(&[], m.assumed_expired.load(Ordering::Relaxed));
+        out.family("gpushare_extender_filter_rejections_total", Kind::Counter);
+        for (reason, n) in FILTER_REASONS.iter().zip(&m.filter_rejections) {
+            out.sample(&[("reason", reason)], n.load(Ordering::Relaxed));
+        }
         let c = self.lock();
         let (mut assumed, mut bound) = (0, 0);
         for (_, a) in c.allocations() {
@@ -820,6 +830,37 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn filter_counts_each_node_it_rules_out() {
+        let binder = GpuPod::new(None, false);
+        let key = PodKey {
+            namespace: "default".into(),
+            name: "g".into(),
+        };
+        let pod = binder.get_pod(&key).await.unwrap();
+        let ext = Extender::new(gpu_cluster(), binder);
+        ext.synced_nodes.store(true, Ordering::Release);
+        ext.synced_pods.store(true, Ordering::Release);
+        let args = ExtenderArgs {
+            pod: Some(pod),
+            nodes: None,
+            node_names: Some(vec!["a".into(), "zz".into(), "yy".into()]),
+        };
+        let r = ext.filter(&args);
+        assert_eq!(r.node_names.as_deref(), Some(&["a".to_string()][..]));
+        let text = ext.metrics_text();
+        assert!(
+            text.contains("gpushare_extender_filter_rejections_total{reason=\"unknown_node\"} 2\n"),
+            "{text}"
+        );
+        let counted: u64 = text
+            .lines()
+            .filter(|l| l.starts_with("gpushare_extender_filter_rejections_total{"))
+            .map(|l| l.rsplit(' ').next().unwrap().parse::<u64>().unwrap())
+            .sum();
+        assert_eq!(counted, 2, "{text}");
+    }
+
+    #[tokio::test]
     async fn bind_refuses_what_it_must_not_do() {
         let binder = GpuPod::new(None, false);
         let ext = Extender::new(gpu_cluster(), binder.clone());
@@ -931,6 +972,7 @@ mod tests {
         ext.metrics.binds_ok.fetch_add(5, Ordering::Relaxed);
         ext.metrics.binds_failed.fetch_add(2, Ordering::Relaxed);
         ext.metrics.assumed_expired.fetch_add(1, Ordering::Relaxed);
+        ext.metrics.filter_rejections[8].fetch_add(3, Ordering::Relaxed);
         ext.synced_nodes.store(true, Ordering::Release);
         assert_eq!(
             ext.metrics_text(),

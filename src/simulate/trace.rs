@@ -31,10 +31,11 @@ pub enum TraceError {
         column: &'static str,
         value: String,
     },
-    #[error("{path} line {line}: gpu {gpus} is more than {MAX_GPUS_PER_NODE} GPUs")]
+    #[error("{path} line {line}: {column} {gpus} is more than {MAX_GPUS_PER_NODE} GPUs")]
     TooManyGpus {
         path: PathBuf,
         line: usize,
+        column: &'static str,
         gpus: u64,
     },
     #[error("{path} line {line}: {fields} fields, the header has {header}")]
@@ -133,13 +134,16 @@ impl Csv {
     }
 
     fn col(&self, name: &'static str) -> Result<usize, TraceError> {
-        self.header
-            .iter()
-            .position(|h| h == name)
-            .ok_or(TraceError::MissingColumn {
-                path: self.path.clone(),
-                column: name,
-            })
+        self.optional_col(name).ok_or(TraceError::MissingColumn {
+            path: self.path.clone(),
+            column: name,
+        })
+    }
+
+    /// A column a published trace may leave out (the openb multi-GPU pod lists carry only
+    /// `name,cpu_milli,memory_mib,num_gpu,gpu_milli`).
+    fn optional_col(&self, name: &str) -> Option<usize> {
+        self.header.iter().position(|h| h == name)
     }
 
     fn num(
@@ -200,6 +204,7 @@ pub fn read_nodes(path: &Path) -> Result<Vec<NodeSpec>, TraceError> {
                 return Err(TraceError::TooManyGpus {
                     path: csv.path.clone(),
                     line: *line,
+                    column: "gpu",
                     gpus,
                 });
             }
@@ -216,32 +221,46 @@ pub fn read_nodes(path: &Path) -> Result<Vec<NodeSpec>, TraceError> {
         .collect()
 }
 
-/// Reads a pod list (`name, cpu_milli, memory_mib, num_gpu, gpu_milli, gpu_spec, …`).
+/// Reads a pod list (`name, cpu_milli, memory_mib, num_gpu, gpu_milli[, gpu_spec], …`). A
+/// missing `gpu_spec` column means every pod takes any GPU model, as an empty field does.
 pub fn read_pods(path: &Path) -> Result<Vec<TracePod>, TraceError> {
     let csv = Csv::read(path)?;
-    let (name, cpu, mem, num, milli, spec) = (
+    let (name, cpu, mem, num, milli) = (
         csv.col("name")?,
         csv.col("cpu_milli")?,
         csv.col("memory_mib")?,
         csv.col("num_gpu")?,
         csv.col("gpu_milli")?,
-        csv.col("gpu_spec")?,
     );
+    let spec = csv.optional_col("gpu_spec");
     csv.rows
         .iter()
         .map(|(line, r)| {
+            // Bounded as a node's GPU count is (a wider value used to wrap to a small one).
+            let num_gpu = csv.num(*line, r, num, "num_gpu")?;
+            if num_gpu > MAX_GPUS_PER_NODE as u64 {
+                return Err(TraceError::TooManyGpus {
+                    path: csv.path.clone(),
+                    line: *line,
+                    column: "num_gpu",
+                    gpus: num_gpu,
+                });
+            }
             Ok(TracePod {
                 name: r[name].trim().to_string(),
                 cpu_milli: csv.num(*line, r, cpu, "cpu_milli")?,
                 memory_mib: csv.num(*line, r, mem, "memory_mib")?,
-                num_gpu: csv.num(*line, r, num, "num_gpu")? as u32,
+                num_gpu: num_gpu as u32,
                 gpu_milli: csv.num(*line, r, milli, "gpu_milli")?.min(1000) as u32,
-                gpu_spec: r[spec]
-                    .split('|')
-                    .map(str::trim)
-                    .filter(|s| !s.is_empty())
-                    .map(String::from)
-                    .collect(),
+                gpu_spec: spec
+                    .map(|c| {
+                        r[c].split('|')
+                            .map(str::trim)
+                            .filter(|s| !s.is_empty())
+                            .map(String::from)
+                            .collect()
+                    })
+                    .unwrap_or_default(),
             })
         })
         .collect()
@@ -312,6 +331,27 @@ mod tests {
         let e = read_pods(&pods).unwrap_err().to_string();
         assert!(
             e.ends_with("line 2: cpu_milli \"x\" is not a non-negative integer"),
+            "{e}"
+        );
+        // The openb multi-GPU pod lists as published: no gpu_spec (nor qos, phase, times).
+        std::fs::write(
+            &pods,
+            "name,cpu_milli,memory_mib,num_gpu,gpu_milli\np0,8000,30000,8,1000\np1,1,1,1,250\n",
+        )
+        .unwrap();
+        let p = read_pods(&pods).unwrap();
+        assert_eq!(p[0].request().gpu, GpuDemand::Whole { count: 8 });
+        assert!(p[0].gpu_spec.is_empty() && p[1].gpu_spec.is_empty());
+        assert_eq!(p[1].gpu_demand(), 250);
+        // A GPU count that does not fit a node is an error naming the column, not a wrap.
+        std::fs::write(
+            &pods,
+            "name,cpu_milli,memory_mib,num_gpu,gpu_milli\np0,1,1,4294967297,1000\n",
+        )
+        .unwrap();
+        let e = read_pods(&pods).unwrap_err().to_string();
+        assert!(
+            e.ends_with("line 2: num_gpu 4294967297 is more than 64 GPUs"),
             "{e}"
         );
         std::fs::write(&pods, "name,cpu_milli\np,1\n").unwrap();

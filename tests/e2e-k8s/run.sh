@@ -236,7 +236,7 @@ e2e_check "the container sees the kubelet grant (env from the NRI plugin)" bash 
     "$K8S_KUBECTL exec $SAMPLE -- env | grep -q '^NVIDIA_VISIBLE_DEVICES='"
 sleep 3
 progress_id() { cat "$ROOT/agent-state/sim/$1/progress"; }
-e2e_quota_window "$STATUS_PORT" "$(container_id "$SAMPLE")" "$(container_id burn100)" progress_id
+e2e_quota_window_twice "$STATUS_PORT" "$(container_id "$SAMPLE")" "$(container_id burn100)" progress_id
 e2e_check "sample uses 30 ±5 % of its GPU (${SHARE30}‰)" test "$SHARE30" -ge 250 -a "$SHARE30" -le 350
 e2e_check "sample runs at 30 ±5 % of the unconstrained pod's rate per GPU (${RATIO30}‰)" test "$RATIO30" -ge 250 -a "$RATIO30" -le 350
 e2e_check "agent metrics show the sample pod's quota" bash -c \

