@@ -6,7 +6,7 @@ CARGO ?= cargo
 BIN := target/release/gpushare
 comma := ,
 
-.PHONY: all build demo test unit fuzz e2e e2e-runtime e2e-chaos e2e-hooks e2e-k8s conformance lint bench bench-throttle bench-pack bench-extender deps gpu-check
+.PHONY: all build demo test unit fuzz e2e e2e-runtime e2e-chaos e2e-hooks e2e-k8s conformance lint bench bench-throttle bench-pack bench-extender deps gpu-check dashboard-png
 
 all: build
 
@@ -147,3 +147,9 @@ bench-pack: build
 # part of make test.
 gpu-check:
 	bash bench/gpu_check.sh
+
+# The Grafana dashboard as a picture (target/bench/dashboard.png) from the scrapes the last
+# make e2e-k8s saved (target/e2e-k8s/scrapes), through a real Prometheus (Debian's; apt-get
+# installs it when missing). Not part of make test.
+dashboard-png:
+	bash bench/dashboard_png.sh

@@ -35,11 +35,28 @@ export -f ext_curl
 export EXT_PKI EXT_PORT
 AGENT_PID=
 EXT_PID=
+SCRAPE_PID=
 ROOT=
+# Both endpoints scraped every 2 s from the moment the extender runs, as a Prometheus would,
+# kept for the dashboard's picture: `make dashboard-png` renders install/grafana/gpushare.json
+# from them through a real Prometheus (bench/dashboard_png.sh). At most 900 rounds (30 min).
+SCRAPES=$E2E_REPO/target/e2e-k8s/scrapes
+scrape_loop() {
+    local i t job
+    for ((i = 0; i < 900; i++)); do
+        t=$(date +%s%3N)
+        curl -fsS --max-time 2 "127.0.0.1:$STATUS_PORT/metrics" >"$SCRAPES/agent/$t.tmp" 2>/dev/null &&
+            mv "$SCRAPES/agent/$t.tmp" "$SCRAPES/agent/$t.prom"
+        ext_curl metrics --max-time 2 >"$SCRAPES/extender/$t.tmp" 2>/dev/null &&
+            mv "$SCRAPES/extender/$t.tmp" "$SCRAPES/extender/$t.prom"
+        for job in agent extender; do rm -f "$SCRAPES/$job/$t.tmp"; done
+        sleep 2
+    done
+}
 
 cleanup() {
     local pid
-    for pid in "$EXT_PID" "$AGENT_PID"; do
+    for pid in "$SCRAPE_PID" "$EXT_PID" "$AGENT_PID"; do
         [[ -n $pid ]] || continue
         kill "$pid" 2>/dev/null || true
         wait "$pid" 2>/dev/null || true
@@ -206,6 +223,9 @@ e2e_require "… and allocatable gpu-mem is back to 60" wait_for 60 "gpu-mem 60"
 e2e_check "the agent found the admission policies installed (log)" bash -c \
     "grep -q 'admission policy installed.*gpushare-node-scope' '$ROOT/agent.log' && grep -q 'admission policy installed.*gpushare-pod-annotations' '$ROOT/agent.log'"
 e2e_require "gpushare scheduler (extender) starts and syncs" start_extender
+rm -rf "$SCRAPES" && mkdir -p "$SCRAPES"/{agent,extender}
+scrape_loop &
+SCRAPE_PID=$!
 # The open door of issue 11.2, closed: without kube-scheduler's client certificate nobody gets
 # an answer, and a /bind in plain HTTP gets nothing either.
 unauth_bind() { # CURL ARGS...: the HTTP status of a /bind as an attacker would send it (000: none)
@@ -420,4 +440,8 @@ echo "extender usage before the restart: $usage_before; after: $usage_after"
 e2e_check "the restarted extender holds what it placed (the init share not added)" \
     test "$usage_before" = "$usage_after"
 
+kill "$SCRAPE_PID" 2>/dev/null || true
+wait "$SCRAPE_PID" 2>/dev/null || true
+SCRAPE_PID=
+echo "scrapes for the dashboard's picture: $(ls "$SCRAPES/agent" | wc -l) of the agent, $(ls "$SCRAPES/extender" | wc -l) of the extender in $SCRAPES (make dashboard-png)"
 e2e_summary
