@@ -11,7 +11,9 @@
 #   OPTION   --user USER: the image config's User (e.g. 1002, www-data, 1003:1004);
 #            --file PATH=CONTENT: a file (mode 0644) at PATH in the image holding CONTENT;
 #            --script PATH=CONTENT: the same with mode 0755;
-#            --copy SRC=PATH: the host's file SRC at PATH, its mode kept (e.g. setuid).
+#            --copy SRC=PATH: the host's file SRC at PATH, its mode kept (e.g. setuid);
+#            --env NAME=VALUE: an entry of the config's Env (PATH=... replaces the default
+#            PATH=/bin:/usr/bin; without --env the Env is that default alone).
 #            Files are added last, so they may replace /etc/passwd or /etc/group.
 #   CMD...   the image config's Cmd (one argv element per argument)
 #
@@ -29,7 +31,7 @@ export LC_ALL=C # the order of the layer's top-level entries (a glob) is part of
 
 usage() {
     echo "usage: $0 OUT_TAR NAME [--user USER | --file PATH=CONTENT | --script PATH=CONTENT |" \
-        "--copy SRC=PATH]... [--] CMD..." >&2
+        "--copy SRC=PATH | --env NAME=VALUE]... [--] CMD..." >&2
     exit 2
 }
 [[ $# -ge 3 ]] || usage
@@ -39,6 +41,7 @@ name=$2
 shift 2
 user=
 adds=() # MODE PATH=CONTENT, or copy SRC=PATH
+envs=() # NAME=VALUE
 while [[ ${1:-} == --* ]]; do
     [[ $1 == -- || $# -ge 2 ]] || usage
     case $1 in
@@ -46,6 +49,7 @@ while [[ ${1:-} == --* ]]; do
     --file) [[ $2 == /?*=* ]] || usage; adds+=("0644 $2") ;;
     --script) [[ $2 == /?*=* ]] || usage; adds+=("0755 $2") ;;
     --copy) [[ $2 == ?*=/?* && -f ${2%%=*} ]] || usage; adds+=("copy $2") ;;
+    --env) [[ $2 == [A-Za-z_]*=* ]] || usage; envs+=("$2") ;;
     --) shift; break ;;
     *) usage ;;
     esac
@@ -132,11 +136,16 @@ read -r layer_hex layer_size < <(put_blob "$work/layer.tar")
 # ---------------------------------------------------------------- config ----
 # (jq keeps parsing options after --args, so build the Cmd array arg by arg.)
 cmd_json=$(for a in "$@"; do jq -n --arg a "$a" '$a'; done | jq -cs .)
-jq -cn --arg diff "sha256:$layer_hex" --argjson cmd "$cmd_json" --arg user "$user" '
+env_json='["PATH=/bin:/usr/bin"]'
+for e in "${envs[@]}"; do
+    env_json=$(jq -c --arg e "$e" '[.[] | select(split("=")[0] != ($e | split("=")[0]))] + [$e]' <<<"$env_json")
+done
+jq -cn --arg diff "sha256:$layer_hex" --argjson cmd "$cmd_json" --arg user "$user" \
+    --argjson env "$env_json" '
     {
       architecture: "amd64",
       os: "linux",
-      config: ({ Env: ["PATH=/bin:/usr/bin"], Cmd: $cmd, WorkingDir: "/" }
+      config: ({ Env: $env, Cmd: $cmd, WorkingDir: "/" }
                + if $user == "" then {} else { User: $user } end),
       rootfs: { type: "layers", diff_ids: [$diff] },
       history: [ { created_by: "gpushare tests/e2e/mkimage.sh" } ]
