@@ -596,6 +596,7 @@ wait_healthy() {
             local where
             if [[ -n $AGENT_LOG ]]; then
                 where="its log: $AGENT_LOG"
+                [[ $MODE == systemd ]] || where+=" (a config the agent rejects is reported in containerd's log, not there)"
             elif [[ $MODE == systemd ]]; then
                 where="its log: journalctl -u $UNIT_NAME"
             else
