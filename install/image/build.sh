@@ -39,7 +39,7 @@ args=(--env PATH=/usr/local/bin:/usr/bin:/bin
 # The shared libraries of both binaries (and the dynamic loader), at the paths ldd names.
 while IFS= read -r lib; do
     args+=(--copy "$lib=$lib")
-done < <(ldd "$bin" "$runtime" | awk '$2 == "=>" && $3 ~ /^\// { print $3 } $1 ~ /^\// { print $1 }' | sort -u)
+done < <(ldd "$bin" "$runtime" | awk '$2 == "=>" && $3 ~ /^\// { print $3 } $1 ~ /^\// && $1 !~ /:$/ { print $1 }' | sort -u)
 
 mkdir -p "$(dirname "$out")"
 "$repo/tests/e2e/mkimage.sh" "$out.tmp$$" "$name" "${args[@]}" -- gpushare --help

@@ -38,7 +38,7 @@ build_helm() {
         -o "$HELM.tmp$$" helm.sh/helm/v3/cmd/helm) && mv -f "$HELM.tmp$$" "$HELM"
 }
 
-helm() { "$HELM" --kubeconfig "$KUBECONFIG" "$@"; }
+helm() { "$HELM" ${KUBECONFIG:+--kubeconfig "$KUBECONFIG"} "$@"; }
 kc() { k8s_kubectl "$@"; }
 
 cleanup() {
@@ -126,7 +126,7 @@ KUBECTL_TAR=$(e2e_image_tar kubectl "registry.k8s.io/kubectl:v$K8S_VERSION" \
 echo "=== 0. the chart without a cluster"
 e2e_check "helm lint" helm lint "$CHART" --set agent.config.gpuBackend=sim
 e2e_check "renders with every optional part on (ServiceMonitor, existing TLS secret, enableNri, privileged)" \
-    bash -c "'$HELM' template x '$CHART' -n ns --set metrics.serviceMonitor.enabled=true \
+    bash -c "'$HELM' template x '$CHART' -n ns --kube-version $K8S_VERSION --set metrics.serviceMonitor.enabled=true \
         --set scheduler.tls.existingSecret=mine --set agent.containerd.enableNri=true \
         --set agent.privileged=true --set scheduler.extraUsers[0]=gpushare-scheduler \
         --set agent.nodeGroup=gpushare:nodes | grep -q 'kind: ServiceMonitor'"
@@ -158,6 +158,7 @@ nri_case() { # CONFIG_TEXT ENABLE -> runs nri-check.sh on it; prints its log, RC
         RESTART_COMMAND="python3 -c 'import socket; socket.socket(socket.AF_UNIX).bind(\"$d/nri.sock\")'; touch $d/restarted" \
         busybox sh "$CHART/files/nri-check.sh" 2>&1 && echo "RC 0" || echo "RC $?"
     [[ -e $d/restarted ]] && echo RESTARTED
+    echo "--- config"
     cat "$d/config.toml"
 }
 out=$(nri_case $'version = 2\n[plugins."io.containerd.grpc.v1.cri"]\n  x = 1' true)
@@ -168,7 +169,7 @@ e2e_check "nri-check: 1.7 config with disable = true → flipped to false in pla
     bash -c 'grep -q "RC 0" <<<"$1" && ! grep -q "disable = true" <<<"$1" && grep -q "^\[other\]" <<<"$1" && [[ $(grep -c "disable" <<<"$1") == 1 ]]' _ "$out"
 out=$(nri_case $'version = 2' false)
 e2e_check "nri-check: 1.7 config without NRI, enableNri off → fails, says how, changes nothing" \
-    bash -c 'grep -q "RC 1" <<<"$1" && grep -q "enableNri=true" <<<"$1" && ! grep -q RESTARTED <<<"$1" && ! grep -q nri.v1 <<<"$1"' _ "$out"
+    bash -c 'grep -q "RC 1" <<<"$1" && grep -q "enableNri=true" <<<"$1" && ! grep -q RESTARTED <<<"$1" && ! sed -n "/^--- config/,\$p" <<<"$1" | grep -q nri.v1' _ "$out"
 out=$(nri_case $'version = 3\n[plugins."io.containerd.nri.v1.nri"]\n  disable = true' true)
 e2e_check "nri-check: containerd 2.x config with NRI disabled → verify only: fails, no change, no restart" \
     bash -c 'grep -q "RC 1" <<<"$1" && ! grep -q RESTARTED <<<"$1" && grep -q "disable = true" <<<"$1"' _ "$out"
@@ -179,7 +180,9 @@ for tar in "$GPUSHARE_TAR" "$KS_TAR" "$KUBECTL_TAR"; do
     e2e_ctr images import --snapshotter native --platform linux/amd64 "$tar" >"$WORK/import.log" 2>&1 ||
         { cat "$WORK/import.log" >&2; exit 1; }
 done
-e2e_require "namespace $NS" k8s_ensure_namespace "$NS"
+# (The controllers add its default ServiceAccount and kube-root-ca.crt, which pods mount.)
+e2e_require "namespace $NS" kc create namespace "$NS"
+e2e_require "… with its kube-root-ca.crt" wait_for 60 "kube-root-ca.crt in $NS" kc -n "$NS" get configmap kube-root-ca.crt
 # The seed's user story: the GPU node pool is labelled, then gpushare is installed.
 e2e_require "node labelled core_mem / binpack" kc label node "$K8S_NODE" --overwrite \
     ack.node.gpu.schedule=core_mem ack.node.gpu.placement=binpack
@@ -312,10 +315,12 @@ gone() { # no pod of the release is left (hook pods included)
 }
 e2e_check "every pod of the release is gone" wait_for 60 "pods gone" gone
 leftovers() { # every object whose name or namespace says gpushare, but the test's namespace
+    # and the node (named gpushare-node: its Node, Lease, CSINode)
     local r
     for r in $(kc api-resources --verbs=list -o name | grep -v '^events'); do
-        kc get "$r" -A -o json 2>/dev/null | jq -r --arg r "$r" --arg ns "$NS" '.items[]
+        kc get "$r" -A -o json 2>/dev/null | jq -r --arg r "$r" --arg ns "$NS" --arg node "$K8S_NODE" '.items[]
             | select((.metadata.name | test("gpushare")) or (.metadata.namespace // "" ) == $ns)
+            | select((.metadata.name == $node or (.metadata.name | startswith($node + "."))) | not)
             | select(($r == "namespaces" and .metadata.name == $ns) | not)
             | select(($r == "serviceaccounts" or $r == "configmaps") and .metadata.namespace == $ns
                      and (.metadata.name == "default" or .metadata.name == "kube-root-ca.crt") | not)
