@@ -12,7 +12,7 @@ use axum::routing::any;
 use tokio::net::TcpListener;
 
 use crate::metrics::{CONTENT_TYPE, Kind, PromText};
-use crate::node::Node;
+use crate::node::{Node, REFUSAL_REASONS};
 
 /// Per-container series of the throttling controller: name, type, help.
 const CONTAINER_FAMILIES: [(&str, Kind, &str); 7] = [
@@ -67,6 +67,10 @@ pub fn metrics(node: &Node) -> String {
         ("refused", &s.creates_refused),
     ] {
         m.sample(&[("result", result)], v.load(Ordering::Relaxed));
+    }
+    m.family("gpushare_create_container_refused_total", Kind::Counter);
+    for (reason, v) in REFUSAL_REASONS.iter().zip(&s.refused_by) {
+        m.sample(&[("reason", reason)], v.load(Ordering::Relaxed));
     }
     m.family("gpushare_synchronize_total", Kind::Counter)
         .sample(&[], s.syncs.load(Ordering::Relaxed))

@@ -14,6 +14,7 @@ fn node() -> Arc<Node> {
     let node = Arc::new(Node::new(AgentState::in_memory("n")));
     node.stats.creates_gpu.fetch_add(3, Ordering::Relaxed);
     node.stats.creates_refused.fetch_add(1, Ordering::Relaxed);
+    node.stats.refused_by[2].fetch_add(1, Ordering::Relaxed);
     node.stats.syncs.fetch_add(2, Ordering::Relaxed);
     let stats = ThrottleStats::default();
     stats.containers.lock().unwrap().insert(

@@ -319,7 +319,32 @@ pub enum DecideError {
     EnforcementDown { reason: String },
 }
 
+/// Why a GPU container was refused, as the label of the agent's
+/// `gpushare_create_container_refused_total{reason}` ([`DecideError::reason`] indexes it).
+pub const REFUSAL_REASONS: [&str; 7] = [
+    "invalid_request",
+    "memory_overcommit",
+    "core_overcommit",
+    "adjustment",
+    "node_fault",
+    "unaccounted_containers",
+    "enforcement_down",
+];
+
 impl DecideError {
+    /// Index into [`REFUSAL_REASONS`].
+    pub fn reason(&self) -> usize {
+        match self {
+            DecideError::Request(_) => 0,
+            DecideError::MemoryOverCommit { .. } => 1,
+            DecideError::CoreOverCommit { .. } => 2,
+            DecideError::Adjust(_) => 3,
+            DecideError::SimDir { .. } | DecideError::LimiterFiles { .. } => 4,
+            DecideError::Unaccounted { .. } => 5,
+            DecideError::EnforcementDown { .. } => 6,
+        }
+    }
+
     /// A refusal of the request (as opposed to a fault of the node).
     pub fn is_refusal(&self) -> bool {
         !matches!(
@@ -350,6 +375,8 @@ pub struct Stats {
     /// Containers granted no GPU whose GPU-selecting environment was neutralized.
     pub creates_neutralized: AtomicU64,
     pub creates_refused: AtomicU64,
+    /// `creates_refused` by reason ([`REFUSAL_REASONS`], same order).
+    pub refused_by: [AtomicU64; REFUSAL_REASONS.len()],
     /// GPU containers found at a resync without the agent's adjustment, and killed.
     pub killed_unadjusted: AtomicU64,
     pub syncs: AtomicU64,
@@ -701,6 +728,7 @@ impl Node {
             }
             Err(e) => {
                 self.stats.creates_refused.fetch_add(1, Ordering::Relaxed);
+                self.stats.refused_by[e.reason()].fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(error = %e, refusal = e.is_refusal(), "GPU container refused");
                 Err(e.into())
             }
@@ -951,6 +979,20 @@ mod tests {
         node.start_container(&pod, &prep);
         let e = node.create_container(&pod, &main).unwrap_err();
         assert!(format!("{e:?}").contains("over-committed"), "{e:?}");
+        // Counted once, under the reason the message gives.
+        let by: Vec<u64> = node
+            .stats
+            .refused_by
+            .iter()
+            .map(|n| n.load(Ordering::Relaxed))
+            .collect();
+        let want = if format!("{e:?}").contains("memory") {
+            1
+        } else {
+            2
+        };
+        assert_eq!(by.iter().sum::<u64>(), 1, "{by:?}");
+        assert_eq!(by[want], 1, "{REFUSAL_REASONS:?} {by:?}");
         node.stop_container(&pod, &prep);
         assert_eq!(node.registry.committed(0, "").memory_mib, 0);
         assert!(node.create_container(&pod, &main).unwrap().is_some());
