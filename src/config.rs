@@ -168,7 +168,7 @@ impl Default for LimiterConfig {
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct KubernetesConfig {
-    /// kubeconfig file; unset: `$KUBECONFIG`, else in-cluster, else `~/.kube/config`.
+    /// kubeconfig file; unset: `$KUBECONFIG`, else `~/.kube/config`, else in-cluster.
     pub kubeconfig: Option<PathBuf>,
 }
 

@@ -1,5 +1,5 @@
 //! One way to reach the API server for every subcommand: `--kubeconfig FILE`, else
-//! `$KUBECONFIG`, else the in-cluster service account, else `~/.kube/config`.
+//! `$KUBECONFIG`, else `~/.kube/config`, else the in-cluster service account.
 
 use std::path::{Path, PathBuf};
 

@@ -12,7 +12,7 @@ use gpushare_core::request::limits::{MemoryUnit, ResourceNames};
 /// Command-line arguments of `gpushare inspect`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct InspectArgs {
-    /// kubeconfig file (default: $KUBECONFIG, in-cluster, ~/.kube/config).
+    /// kubeconfig file (default: $KUBECONFIG, ~/.kube/config, in-cluster).
     #[arg(long)]
     pub kubeconfig: Option<PathBuf>,
     /// Per node and GPU: model, UUID, health, and the pods holding shares.

@@ -96,8 +96,8 @@ pub struct NodeArgs {
     /// Advertise gpu-core.percentage: auto (node label ack.node.gpu.schedule=core_mem), true, false.
     #[arg(long, value_enum)]
     pub device_plugin_core: Option<crate::deviceplugin::CoreMode>,
-    /// kubeconfig for the node annotation and labels (default: $KUBECONFIG, in-cluster,
-    /// ~/.kube/config).
+    /// kubeconfig for the node annotation and labels (default: $KUBECONFIG,
+    /// ~/.kube/config, in-cluster).
     #[arg(long)]
     pub kubeconfig: Option<PathBuf>,
 }

@@ -17,7 +17,7 @@ pub struct SchedulerArgs {
     /// Address of the extender's HTTP endpoint (filter, prioritize, bind, healthz, metrics).
     #[arg(long, default_value = "127.0.0.1:39999")]
     pub listen: SocketAddr,
-    /// Kubeconfig (default: $KUBECONFIG, in-cluster, ~/.kube/config).
+    /// Kubeconfig (default: $KUBECONFIG, ~/.kube/config, in-cluster).
     #[arg(long)]
     pub kubeconfig: Option<PathBuf>,
     /// Node-ranking policy: gpushare, fgd, bestfit, binpack, spread. The GPU inside a node

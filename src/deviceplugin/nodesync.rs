@@ -29,8 +29,8 @@ pub const FIELD_MANAGER: &str = "gpushare-node";
 /// How to reach the API server.
 #[derive(Clone)]
 pub enum KubeAccess {
-    /// `crate::kubeclient::client`: this kubeconfig, else `$KUBECONFIG`, in-cluster,
-    /// `~/.kube/config`.
+    /// `crate::kubeclient::client`: this kubeconfig, else `$KUBECONFIG`, `~/.kube/config`,
+    /// in-cluster.
     Config(Option<PathBuf>),
     /// A ready client (tests: a mock API server).
     Client(kube::Client),
