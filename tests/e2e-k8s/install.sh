@@ -204,19 +204,61 @@ e2e_require "helm install (--wait: DaemonSet and Deployment ready)" \
     helm install "$RELEASE" "$CHART" -n "$NS" --wait --timeout 3m "${VALUES[@]}"
 echo "installed in $((SECONDS - t0)) s"
 kc -n "$NS" get ds,deploy,pods -o wide
-e2e_check "agent DaemonSet: 1 of 1 ready" bash -c \
+# (helm --wait counts a DaemonSet ready with maxUnavailable pods not ready: 0 of 1 here.)
+e2e_check "agent DaemonSet: 1 of 1 ready" wait_for 60 "agent ready" bash -c \
     "[[ \$($K8S_KUBECTL --kubeconfig $KUBECONFIG -n $NS get ds $RELEASE-node -o jsonpath='{.status.numberReady}/{.status.desiredNumberScheduled}') == 1/1 ]]"
 e2e_check "scheduler Deployment: available, both containers ready" bash -c \
     "$K8S_KUBECTL --kubeconfig $KUBECONFIG -n $NS get pod -l app.kubernetes.io/component=scheduler -o json | jq -e '.items[0].status.containerStatuses | length == 2 and all(.ready)'"
 AGENT=$(agent_pod)
-e2e_check "the agent container is not privileged: root with capabilities MKNOD, KILL only, no privilege escalation" bash -c \
-    "$K8S_KUBECTL --kubeconfig $KUBECONFIG -n $NS get pod $AGENT -o json | jq -e '.spec.containers[0].securityContext | (.privileged // false) == false and .capabilities.drop == [\"ALL\"] and .capabilities.add == [\"MKNOD\",\"KILL\"] and .allowPrivilegeEscalation == false'"
+e2e_check "the agent container is not privileged: root with capabilities MKNOD, KILL only, no privilege escalation, seccomp RuntimeDefault" bash -c \
+    "$K8S_KUBECTL --kubeconfig $KUBECONFIG -n $NS get pod $AGENT -o json | jq -e '.spec.securityContext.seccompProfile.type == \"RuntimeDefault\" and (.spec.containers[0].securityContext | (.privileged // false) == false and .capabilities.drop == [\"ALL\"] and .capabilities.add == [\"MKNOD\",\"KILL\"] and .allowPrivilegeEscalation == false)'"
 kc -n "$NS" logs "$AGENT" -c nri 2>&1 | sed 's/^/    nri: /'
 kc -n "$NS" logs "$AGENT" -c limiter 2>&1 | sed 's/^/    limiter: /'
 e2e_check "the nri init container found containerd's NRI socket" bash -c \
     "$K8S_KUBECTL --kubeconfig $KUBECONFIG -n $NS logs $AGENT -c nri | grep -q 'NRI socket .* is there'"
 e2e_check "the limiter library was copied onto the host ($HOST_DIR/lib)" \
     cmp "$E2E_REPO/target/release/libgpushare_limiter.so" "$HOST_DIR/lib/libgpushare_limiter.so"
+
+# agent.containerd.enableNri (containerd 1.7): the `nri` init container as the chart renders
+# it, in a pod against a containerd 1.7 config without NRI (in WORK), its restart command
+# run on the host. (nsenter targets containerd's PID: this VM's PID 1 hides its namespaces
+# even from the host's root; on a node it is systemd's, the default.)
+nri_enable_pod() {
+    local d=$WORK/nri17
+    mkdir -p "$d" && printf 'version = 2\n' >"$d/config.toml"
+    helm template "$RELEASE" "$CHART" -n "$NS" --kube-version "$K8S_VERSION" "${VALUES[@]}" \
+        --set agent.containerd.enableNri=true 2>/dev/null |
+        D=$d CPID=$E2E_CONTAINERD_PID python3 -c '
+import json, os, sys, yaml
+d = os.environ["D"]
+for o in yaml.safe_load_all(sys.stdin):
+    if not (o and o["kind"] == "DaemonSet" and o["metadata"]["name"].endswith("-node")):
+        continue
+    spec = o["spec"]["template"]["spec"]
+    c = [x for x in spec["initContainers"] if x["name"] == "nri"][0]
+    env = {e["name"]: e for e in c["env"]}
+    env["NRI_SOCKET"]["value"] = d + "/nri.sock"
+    env["WAIT_SECONDS"]["value"] = "20"
+    env["RESTART_COMMAND"]["value"] = ("python3 -c \"import socket; socket.socket(socket.AF_UNIX).bind(\x27%s/nri.sock\x27)\"; echo on-the-host >%s/restarted" % (d, d))
+    c["env"] = list(env.values()) + [{"name": "HOST_EXEC", "value": "nsenter -t %s -m -u -i -n -p --" % os.environ["CPID"]}]
+    for m in c["volumeMounts"]:
+        if m["name"] == "nri":
+            m["mountPath"] = d
+    vols = [v for v in spec["volumes"] if v["name"] == "scripts"]
+    vols += [{"name": "nri", "hostPath": {"path": d}}, {"name": "containerd-config", "hostPath": {"path": d}}]
+    print(json.dumps({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "nri-enable"},
+        "spec": {"securityContext": spec["securityContext"], "hostPID": True, "restartPolicy": "Never",
+                 "serviceAccountName": spec["serviceAccountName"], "automountServiceAccountToken": False,
+                 "containers": [c], "volumes": vols}}))' >"$WORK/nri-enable.json" || return 1
+    jq -c '.spec.containers[0].securityContext' "$WORK/nri-enable.json"
+    kc -n "$NS" apply -f "$WORK/nri-enable.json" >/dev/null || return 1
+    wait_for 60 "nri-enable done" bash -c "$K8S_KUBECTL --kubeconfig $KUBECONFIG -n $NS get pod nri-enable -o jsonpath='{.status.phase}' | grep -qE 'Succeeded|Failed'"
+    kc -n "$NS" logs nri-enable
+    kc -n "$NS" delete pod nri-enable --wait=false >/dev/null
+    grep -q '^  disable = false' "$d/config.toml" && [[ $(cat "$d/restarted") == on-the-host && -S $d/nri.sock ]]
+}
+e2e_check "enableNri: the nri init container (SYS_ADMIN, SYS_CHROOT, SYS_PTRACE; seccomp RuntimeDefault) turns NRI on in a 1.7 config and restarts containerd in the host's namespaces" \
+    nri_enable_pod
 
 echo "=== 2. the node: allocatable, annotation, the agent's identity"
 e2e_check "allocatable gpu-core.percentage is 400" wait_for 60 "core 400" alloc_is gpu-core.percentage 400
@@ -296,8 +338,8 @@ sample_id=$(kc get pod "$SAMPLE" -o jsonpath='{.status.containerStatuses[0].cont
 lib_inode=$(stat -c %i "$HOST_DIR/lib/libgpushare_limiter.so")
 e2e_check "helm upgrade (agent log level debug: a new agent pod)" \
     helm upgrade "$RELEASE" "$CHART" -n "$NS" --wait --timeout 3m --reuse-values --set agent.config.log.level=debug
-e2e_check "the agent pod was replaced and is ready" bash -c \
-    "p=\$($K8S_KUBECTL --kubeconfig $KUBECONFIG -n $NS get pod -l app.kubernetes.io/component=node -o jsonpath='{.items[0].metadata.name}') && [[ \$p != $AGENT ]] && $K8S_KUBECTL --kubeconfig $KUBECONFIG -n $NS wait --for=condition=Ready pod/\$p --timeout=60s"
+e2e_check "the agent pod was replaced and is ready" wait_for 90 "new agent ready" bash -c \
+    "$K8S_KUBECTL --kubeconfig $KUBECONFIG -n $NS get pod -l app.kubernetes.io/component=node -o json | jq -e '[.items[] | select(.metadata.name != \"$AGENT\" and .metadata.deletionTimestamp == null) | .status.conditions[]? | select(.type == \"Ready\" and .status == \"True\")] | length == 1'"
 e2e_check "the running sample's limiter files are still on the host" test -s "$HOST_DIR/limiter/$sample_id/limits.json"
 e2e_check "the limiter library is the same file (an unchanged library is not rewritten)" \
     test "$(stat -c %i "$HOST_DIR/lib/libgpushare_limiter.so")" = "$lib_inode"
