@@ -595,19 +595,19 @@ k8s_ensure_namespace() {
     local ns=$1 out
     if ! k8s_kubectl get namespace "$ns" >/dev/null 2>&1; then
         out=$(k8s_kubectl create namespace "$ns" 2>&1) ||
-            [[ $out == *AlreadyExists* ]] || {
+            [[ $out == *AlreadyExists* || $out == *"already exists"* ]] || {
             echo "$out" >&2
             return 1
         }
     fi
     out=$(k8s_kubectl -n "$ns" create serviceaccount default 2>&1) ||
-        [[ $out == *AlreadyExists* ]] || {
+        [[ $out == *AlreadyExists* || $out == *"already exists"* ]] || {
         echo "$out" >&2
         return 1
     }
     out=$(k8s_kubectl -n "$ns" create configmap kube-root-ca.crt \
         --from-file=ca.crt="$K8S_ROOT/pki/ca.crt" 2>&1) ||
-        [[ $out == *AlreadyExists* ]] || {
+        [[ $out == *AlreadyExists* || $out == *"already exists"* ]] || {
         echo "$out" >&2
         return 1
     }
