@@ -90,6 +90,11 @@ pub struct NodeConfig {
     pub mps_pipe_root: PathBuf,
     /// Refuse assigned containers that kubelet granted nothing (see `RequestRules`).
     pub require_grant: bool,
+    /// The agent's CPU niceness, set at start for all its threads (-20..19; `0` leaves it as
+    /// started). It answers every container creation within the runtime's NRI timeout (2 s:
+    /// containerd drops a plugin that misses it) and times every freeze of the containers it
+    /// throttles, so it must not be starved by the containers it holds.
+    pub nice: i32,
     /// `host:port` of the status endpoint (`/healthz`, `/registry`, `/metrics`); off when unset.
     pub status_listen: Option<String>,
     pub log: LogConfig,
@@ -188,6 +193,7 @@ impl Default for NodeConfig {
             enforcement: Enforcement::Throttle,
             mps_pipe_root: PathBuf::from("/run/gpushare/mps"),
             require_grant: true,
+            nice: -10,
             status_listen: None,
             log: LogConfig::default(),
             resources: ResourceNames::default(),

@@ -188,6 +188,7 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<()> {
     if thawed > 0 {
         tracing::warn!(thawed, list = %list.display(), "thawed cgroups an earlier agent left frozen");
     }
+    set_nice(cfg.nice);
     let rt = super::runtime()?;
     rt.block_on(async move {
         let backend = Backend::open(&cfg)?;
@@ -362,6 +363,26 @@ fn start_controller(
 
 /// The pre-installed plugin: the runtime started us with no arguments, an empty environment
 /// and its socket on fd `fd`; the configuration arrives in `Configure`.
+/// Sets this thread's niceness (`nice`, 0: unchanged), before any other thread exists: on
+/// Linux niceness is per thread and threads inherit it, so every thread of the agent and the
+/// guardian it starts get it. A failure (no CAP_SYS_NICE) is logged, not fatal.
+fn set_nice(nice: i32) {
+    if nice == 0 {
+        return;
+    }
+    if !(-20..=19).contains(&nice) {
+        tracing::warn!(nice, "nice is outside -20..19; left unchanged");
+        return;
+    }
+    // SAFETY: setpriority on the calling thread (who = 0) with a checked value.
+    let rc = unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, nice) };
+    if rc == 0 {
+        tracing::info!(nice, "CPU priority set");
+    } else {
+        tracing::warn!(nice, error = %std::io::Error::last_os_error(), "cannot set the agent's CPU priority");
+    }
+}
+
 pub fn run_preinstalled(fd: &str) -> anyhow::Result<()> {
     let fd: i32 = fd
         .parse()
@@ -373,6 +394,8 @@ pub fn run_preinstalled(fd: &str) -> anyhow::Result<()> {
     let name = std::env::var("NRI_PLUGIN_NAME").unwrap_or_else(|_| "gpushare".into());
     let index = std::env::var("NRI_PLUGIN_IDX").unwrap_or_else(|_| "10".into());
     super::logging::init(&Default::default())?;
+    // Its config arrives over NRI after its threads exist: the default niceness, always.
+    set_nice(NodeConfig::default().nice);
     let rt = super::runtime()?;
     rt.block_on(async move {
         let status_started = std::sync::Mutex::new(false);

@@ -210,8 +210,8 @@ e2e_check "agent DaemonSet: 1 of 1 ready" wait_for 60 "agent ready" bash -c \
 e2e_check "scheduler Deployment: available, both containers ready" bash -c \
     "$K8S_KUBECTL --kubeconfig $KUBECONFIG -n $NS get pod -l app.kubernetes.io/component=scheduler -o json | jq -e '.items[0].status.containerStatuses | length == 2 and all(.ready)'"
 AGENT=$(agent_pod)
-e2e_check "the agent container is not privileged: root with capabilities MKNOD, KILL only, no privilege escalation, seccomp RuntimeDefault" bash -c \
-    "$K8S_KUBECTL --kubeconfig $KUBECONFIG -n $NS get pod $AGENT -o json | jq -e '.spec.securityContext.seccompProfile.type == \"RuntimeDefault\" and (.spec.containers[0].securityContext | (.privileged // false) == false and .capabilities.drop == [\"ALL\"] and .capabilities.add == [\"MKNOD\",\"KILL\"] and .allowPrivilegeEscalation == false)'"
+e2e_check "the agent container is not privileged: root with capabilities MKNOD, KILL, SYS_NICE only, no privilege escalation, seccomp RuntimeDefault" bash -c \
+    "$K8S_KUBECTL --kubeconfig $KUBECONFIG -n $NS get pod $AGENT -o json | jq -e '.spec.securityContext.seccompProfile.type == \"RuntimeDefault\" and (.spec.containers[0].securityContext | (.privileged // false) == false and .capabilities.drop == [\"ALL\"] and .capabilities.add == [\"MKNOD\",\"KILL\",\"SYS_NICE\"] and .allowPrivilegeEscalation == false)'"
 kc -n "$NS" logs "$AGENT" -c nri 2>&1 | sed 's/^/    nri: /'
 kc -n "$NS" logs "$AGENT" -c limiter 2>&1 | sed 's/^/    limiter: /'
 e2e_check "the nri init container found containerd's NRI socket" bash -c \

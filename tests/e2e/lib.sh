@@ -673,13 +673,13 @@ e2e_stop_containerd() {
 }
 
 # ----------------------------------------------------------------- CLIs ----
-# e2e_crictl ARGS...: crictl against the current instance (20s timeout, never
+# e2e_crictl ARGS...: crictl against the current instance (timeout E2E_CRICTL_TIMEOUT, 20s; never
 # pulls).
 e2e_crictl() {
     "$E2E_CRICTL" --config "$E2E_ROOT/crictl.yaml" \
         --runtime-endpoint "unix://$E2E_CONTAINERD_SOCK" \
         --image-endpoint "unix://$E2E_CONTAINERD_SOCK" \
-        --timeout 20s "$@"
+        --timeout "${E2E_CRICTL_TIMEOUT:-20s}" "$@"
 }
 
 # e2e_ctr ARGS...: ctr (same version as the daemon) in namespace k8s.io.
