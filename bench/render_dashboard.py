@@ -120,7 +120,12 @@ def render(dashboard, prom, start, end, out):
         if unit:
             ax.set_ylabel(unit, fontsize=7)
         if n_series:
-            ax.legend(fontsize=6, loc="upper left", ncol=2 if n_series > 6 else 1, framealpha=0.6)
+            # At most 10 legend entries (a panel per container can hold dozens of series).
+            handles, labels = ax.get_legend_handles_labels()
+            if len(handles) > 10:
+                labels = labels[:9] + [f"… +{len(handles) - 9} more series"]
+                handles = handles[:10]
+            ax.legend(handles, labels, fontsize=6, loc="upper left", ncol=2 if n_series > 5 else 1, framealpha=0.6)
         else:
             ax.text(0.5, 0.5, "no data", transform=ax.transAxes, ha="center", va="center", color="grey")
         print(f"panel {p.get('id')} {p['title']!r}: {n_series} series; last {' '.join(lasts)}")
