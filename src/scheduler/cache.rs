@@ -190,8 +190,9 @@ pub fn node_spec(node: &Node) -> Result<(NodeSpec, Vec<(u32, String)>), NodeErro
     Ok((spec, uuids))
 }
 
-/// Every reason a filter rules a node out for: the engine's [`KIND_LABELS`], then a pod
-/// whose request is invalid, a node whose GPU annotation is, a node not known yet.
+/// Every reason a filter rules a node out for: the engine's [`KIND_LABELS`] (same indices as
+/// [`Why::kind`]), then a pod whose request is invalid, a node whose GPU annotation is, a node
+/// not known yet.
 pub const FILTER_REASONS: [&str; 13] = [
     KIND_LABELS[0],
     KIND_LABELS[1],
@@ -207,6 +208,9 @@ pub const FILTER_REASONS: [&str; 13] = [
     "invalid_node",
     "unknown_node",
 ];
+const INVALID_POD: usize = KIND_LABELS.len();
+const INVALID_NODE: usize = INVALID_POD + 1;
+const UNKNOWN_NODE: usize = INVALID_POD + 2;
 
 /// Rejections that preemption cannot fix (the node can never take the pod).
 fn unresolvable(why: &Why) -> bool {
@@ -449,13 +453,13 @@ impl Cluster {
         self.filter_counted(pod, names, &mut |_| {})
     }
 
-    /// [`Cluster::filter`], telling `rejected` the reason ([`FILTER_REASONS`]) of each node
-    /// it rules out.
+    /// [`Cluster::filter`], telling `rejected` the reason (an index into [`FILTER_REASONS`])
+    /// of each node it rules out.
     pub fn filter_counted(
         &mut self,
         pod: &Pod,
         names: &[String],
-        rejected: &mut dyn FnMut(&'static str),
+        rejected: &mut dyn FnMut(usize),
     ) -> ExtenderFilterResult {
         // Node changes listed after a watch restart reach the engine before any decision.
         self.flush();
@@ -472,7 +476,7 @@ impl Cluster {
                 for n in names {
                     out.failed_and_unresolvable_nodes
                         .insert(n.clone(), e.clone());
-                    rejected("invalid_pod");
+                    rejected(INVALID_POD);
                 }
                 out.node_names = Some(Vec::new());
                 return out;
@@ -497,21 +501,22 @@ impl Cluster {
     }
 
     /// Whether node `n` takes `req`; the error says why, whether it is unresolvable, and the
-    /// reason's label.
-    fn check(&self, n: &str, req: &Request) -> Result<(), (String, bool, &'static str)> {
+    /// reason (an index into [`FILTER_REASONS`]).
+    fn check(&self, n: &str, req: &Request) -> Result<(), (String, bool, usize)> {
         // Every good node is in the engine: one hash lookup on the common path.
         if let Some(id) = self.engine.node_id(n) {
-            return self.engine.check(id, req).map(|_| ()).map_err(|r: Reject| {
-                let label = KIND_LABELS[r.why.kind()];
-                (r.to_string(), unresolvable(&r.why), label)
-            });
+            return self
+                .engine
+                .check(id, req)
+                .map(|_| ())
+                .map_err(|r: Reject| (r.to_string(), unresolvable(&r.why), r.why.kind()));
         }
         match self.nodes.get(n) {
-            Some(Err(e)) => Err((e.to_string(), true, "invalid_node")),
+            Some(Err(e)) => Err((e.to_string(), true, INVALID_NODE)),
             _ => Err((
                 format!("node {:#} is not known to gpushare yet", Echo::new(n)),
                 false,
-                "unknown_node",
+                UNKNOWN_NODE,
             )),
         }
     }
@@ -754,14 +759,13 @@ mod tests {
         c.set_node(&plain);
         let p = pod("p1", "2", Some("30"));
         let mut reasons = Vec::new();
-        let mut count = |r: &'static str| reasons.push(r);
+        let mut count = |r: usize| reasons.push(FILTER_REASONS[r]);
         let r = c.filter_counted(&p, &names(&["a", "m", "x", "unknown"]), &mut count);
         // The reasons the extender's metric counts, one per node ruled out.
         assert_eq!(
             reasons,
             ["core_on_memory_only_node", "invalid_node", "unknown_node"]
         );
-        assert!(reasons.iter().all(|r| FILTER_REASONS.contains(r)));
         assert_eq!(r.node_names.as_deref(), Some(&names(&["a"])[..]));
         assert!(
             r.failed_and_unresolvable_nodes["m"].contains("schedule=cgpu"),
@@ -771,7 +775,7 @@ mod tests {
         assert!(r.failed_nodes["unknown"].contains("not known"));
         // Memory-only pod: not on the core_mem node.
         let mut reasons = Vec::new();
-        let mut count = |r: &'static str| reasons.push(r);
+        let mut count = |r: usize| reasons.push(FILTER_REASONS[r]);
         let r = c.filter_counted(&pod("m1", "2", None), &names(&["a", "m"]), &mut count);
         assert_eq!(reasons, ["memory_only_on_core_node"]);
         assert_eq!(r.node_names.as_deref(), Some(&names(&["m"])[..]));
@@ -781,7 +785,7 @@ mod tests {
         );
         // Invalid: every node fails with the reason.
         let mut reasons = Vec::new();
-        let mut count = |r: &'static str| reasons.push(r);
+        let mut count = |r: usize| reasons.push(FILTER_REASONS[r]);
         let r = c.filter_counted(&pod("bad", "2", Some("33")), &names(&["a"]), &mut count);
         assert_eq!(reasons, ["invalid_pod"]);
         assert!(

@@ -304,9 +304,7 @@ impl Extender {
             None => FilterError::NoPod.into(),
             Some(_) if !self.synced() => FilterError::NotSynced.into(),
             Some(pod) => self.lock().filter_counted(pod, &names, &mut |reason| {
-                if let Some(i) = FILTER_REASONS.iter().position(|r| *r == reason) {
-                    self.metrics.filter_rejections[i].fetch_add(1, Ordering::Relaxed);
-                }
+                self.metrics.filter_rejections[reason].fetch_add(1, Ordering::Relaxed);
             }),
         };
         self.metrics.filter.observe(t);
