@@ -181,17 +181,6 @@ healthz_ok() { [[ $(e2e_agent_status "$PORT" healthz) == ok ]]; }
 
 # The GPU container checks of tests/e2e/run.sh (check_gpu_pod), for one pod.
 in_ctr() { e2e_crictl exec "$1" "${@:2}"; }
-init_env() {
-    local pid
-    pid=$(e2e_crictl inspect -o go-template --template '{{.info.pid}}' "$1") || return 1
-    tr '\0' '\n' <"/proc/$pid/environ"
-}
-env_is() { # CID NAME VALUE
-    local got
-    got=$(init_env "$1" | sed -n "s/^$2=//p" || true)
-    echo "$2='$got' want '$3'"
-    [[ $got == "$3" ]]
-}
 only_gpu_node() { # CID WANT
     local got
     got=$(in_ctr "$1" ls /dev | grep -E '^nvidia[0-9]+$' | tr '\n' ' ' | sed 's/ $//' || true)
@@ -211,9 +200,9 @@ gpu_checks() {
         pods+=("$(e2e_last_pod_id)")
         uuid=$(e2e_agent_status "$PORT" inventory | jq -r '.inventory.gpus[] | select(.index == 1) | .uuid')
         e2e_check "$V: GPU pod sees /dev/nvidia1 and no other GPU" only_gpu_node "$cid" nvidia1
-        e2e_check "$V: GPU pod NVIDIA_VISIBLE_DEVICES is GPU 1's UUID" env_is "$cid" NVIDIA_VISIBLE_DEVICES "$uuid"
-        e2e_check "$V: GPU pod GPUSHARE_GPU_MEMORY_MIB=2048" env_is "$cid" GPUSHARE_GPU_MEMORY_MIB 2048
-        e2e_check "$V: GPU pod GPUSHARE_GPU_CORE_PERCENT=30" env_is "$cid" GPUSHARE_GPU_CORE_PERCENT 30
+        e2e_check "$V: GPU pod NVIDIA_VISIBLE_DEVICES is GPU 1's UUID" e2e_env_is "$cid" NVIDIA_VISIBLE_DEVICES "$uuid"
+        e2e_check "$V: GPU pod GPUSHARE_GPU_MEMORY_MIB=2048" e2e_env_is "$cid" GPUSHARE_GPU_MEMORY_MIB 2048
+        e2e_check "$V: GPU pod GPUSHARE_GPU_CORE_PERCENT=30" e2e_env_is "$cid" GPUSHARE_GPU_CORE_PERCENT 30
         e2e_check "$V: GPU pod gets the installed limiter (/etc/ld.so.preload)" says "$cid" \
             /usr/lib/gpushare/libgpushare_limiter.so cat /etc/ld.so.preload
     else
@@ -222,7 +211,7 @@ gpu_checks() {
     e2e_write_pod plain "" "" "" "" '{"envs":[{"key":"NVIDIA_VISIBLE_DEVICES","value":"all"}]}'
     if cid=$(e2e_run_pod_with_container "$E2E_ROOT/plain.pod.json" "$E2E_ROOT/plain.ctr.json"); then
         pods+=("$(e2e_last_pod_id)")
-        e2e_check "$V: pod without a GPU gets NVIDIA_VISIBLE_DEVICES=void" env_is "$cid" NVIDIA_VISIBLE_DEVICES void
+        e2e_check "$V: pod without a GPU gets NVIDIA_VISIBLE_DEVICES=void" e2e_env_is "$cid" NVIDIA_VISIBLE_DEVICES void
     else
         e2e_check "$V: pod without a GPU created" false
     fi

@@ -682,6 +682,24 @@ e2e_crictl() {
         --timeout "${E2E_CRICTL_TIMEOUT:-20s}" "$@"
 }
 
+# e2e_init_env CID: the environment of the container's main process, read on the host. (What
+# `crictl exec` gives a new process is the spec containerd stored; under the runtime wrapper
+# that is the spec before the adjustment — the devices, mounts and limiter apply to exec'd
+# processes all the same.)
+e2e_init_env() {
+    local pid
+    pid=$(e2e_crictl inspect -o go-template --template '{{.info.pid}}' "$1") || return 1
+    tr '\0' '\n' <"/proc/$pid/environ"
+}
+
+# e2e_env_is CID NAME VALUE: the main process has NAME=VALUE (prints what it has).
+e2e_env_is() {
+    local got
+    got=$(e2e_init_env "$1" | sed -n "s/^$2=//p" || true)
+    echo "$2='$got' want '$3'"
+    [[ $got == "$3" ]]
+}
+
 # e2e_ctr ARGS...: ctr (same version as the daemon) in namespace k8s.io.
 e2e_ctr() {
     "$E2E_CONTAINERD_DIR/ctr" --address "$E2E_CONTAINERD_SOCK" --namespace k8s.io "$@"

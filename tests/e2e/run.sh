@@ -113,22 +113,6 @@ only_gpu_node() { # CID WANT: the container's /dev/nvidiaN list is exactly WANT
     [[ $got == "$2" ]]
 }
 
-# The environment of the container's main process, read on the host. (What `crictl exec`
-# gives a new process is the spec containerd stored; under the runtime wrapper that is the
-# spec before the adjustment — the devices, mounts and limiter apply to exec'd processes all
-# the same.)
-init_env() {
-    local pid
-    pid=$(e2e_crictl inspect -o go-template --template '{{.info.pid}}' "$1") || return 1
-    tr '\0' '\n' <"/proc/$pid/environ"
-}
-
-env_is() { # CID NAME VALUE
-    local got
-    got=$(init_env "$1" | sed -n "s/^$2=//p" || true)
-    echo "$2='$got' want '$3'"
-    [[ $got == "$3" ]]
-}
 
 no_gpu_devices() { # CID
     ! in_ctr "$1" ls /dev | grep nvidia
@@ -137,7 +121,7 @@ no_gpu_devices() { # CID
 cleared_env() { # CID NAME...: each variable is unset or empty in the container (NRI cannot
     # remove a variable from the spec, only set it)
     local env
-    env=$(init_env "$1") || return 1
+    env=$(e2e_init_env "$1") || return 1
     for n in "${@:2}"; do
         if grep -q "^$n=." <<<"$env"; then
             echo "$(grep "^$n=" <<<"$env") is still set"
@@ -149,7 +133,7 @@ cleared_env() { # CID NAME...: each variable is unset or empty in the container 
 NVIDIA_ALL_ENV='{"envs":[{"key":"NVIDIA_VISIBLE_DEVICES","value":"all"},{"key":"NVIDIA_MIG_CONFIG_DEVICES","value":"all"},{"key":"NVIDIA_DRIVER_CAPABILITIES","value":"all"},{"key":"CUDA_MPS_PIPE_DIRECTORY","value":"/tmp/mps"}]}'
 
 no_gpu_env() { # CID
-    ! init_env "$1" | grep -E '^(NVIDIA_|GPUSHARE_|ALIYUN_COM_GPU)'
+    ! e2e_init_env "$1" | grep -E '^(NVIDIA_|GPUSHARE_|ALIYUN_COM_GPU)'
 }
 
 # create_refused NAME PATTERN: runp succeeds, create fails with PATTERN in the error, and
@@ -193,12 +177,12 @@ check_gpu_pod() { # NAME GPU MEM_MIB CORE  (pod already written)
     uuid=$(gpu_uuid "$gpu")
     e2e_check "$V: $name sees /dev/nvidia$gpu and no other GPU" only_gpu_node "$cid" "nvidia$gpu"
     e2e_check "$V: $name has /dev/nvidiactl and /dev/nvidia-uvm" in_ctr "$cid" ls /dev/nvidiactl /dev/nvidia-uvm /dev/nvidia-uvm-tools
-    e2e_check "$V: $name NVIDIA_VISIBLE_DEVICES is GPU $gpu's UUID" env_is "$cid" NVIDIA_VISIBLE_DEVICES "$uuid"
-    e2e_check "$V: $name GPUSHARE_GPU_MEMORY_MIB=$mem" env_is "$cid" GPUSHARE_GPU_MEMORY_MIB "$mem"
-    e2e_check "$V: $name GPUSHARE_GPU_CORE_PERCENT=$core" env_is "$cid" GPUSHARE_GPU_CORE_PERCENT "$core"
-    e2e_check "$V: $name ALIYUN_COM_GPU_MEM_IDX=$gpu" env_is "$cid" ALIYUN_COM_GPU_MEM_IDX "$gpu"
-    e2e_check "$V: $name ALIYUN_COM_GPU_MEM_CONTAINER=$((mem / 1024))" env_is "$cid" ALIYUN_COM_GPU_MEM_CONTAINER "$((mem / 1024))"
-    e2e_check "$V: $name ALIYUN_COM_GPU_MEM_DEV=15" env_is "$cid" ALIYUN_COM_GPU_MEM_DEV 15
+    e2e_check "$V: $name NVIDIA_VISIBLE_DEVICES is GPU $gpu's UUID" e2e_env_is "$cid" NVIDIA_VISIBLE_DEVICES "$uuid"
+    e2e_check "$V: $name GPUSHARE_GPU_MEMORY_MIB=$mem" e2e_env_is "$cid" GPUSHARE_GPU_MEMORY_MIB "$mem"
+    e2e_check "$V: $name GPUSHARE_GPU_CORE_PERCENT=$core" e2e_env_is "$cid" GPUSHARE_GPU_CORE_PERCENT "$core"
+    e2e_check "$V: $name ALIYUN_COM_GPU_MEM_IDX=$gpu" e2e_env_is "$cid" ALIYUN_COM_GPU_MEM_IDX "$gpu"
+    e2e_check "$V: $name ALIYUN_COM_GPU_MEM_CONTAINER=$((mem / 1024))" e2e_env_is "$cid" ALIYUN_COM_GPU_MEM_CONTAINER "$((mem / 1024))"
+    e2e_check "$V: $name ALIYUN_COM_GPU_MEM_DEV=15" e2e_env_is "$cid" ALIYUN_COM_GPU_MEM_DEV 15
 }
 
 bad_inputs() {
@@ -309,7 +293,7 @@ for V in "${VERSIONS[@]}"; do
     # A sidecar without a GPU whose image says NVIDIA_VISIBLE_DEVICES=all (issue 11.3).
     e2e_write_pod sidecar "" "" "" "" "$NVIDIA_ALL_ENV"
     if cid=$(run_pod sidecar); then
-        e2e_check "$V: no-GPU container with NVIDIA_VISIBLE_DEVICES=all gets void" env_is "$cid" NVIDIA_VISIBLE_DEVICES void
+        e2e_check "$V: no-GPU container with NVIDIA_VISIBLE_DEVICES=all gets void" e2e_env_is "$cid" NVIDIA_VISIBLE_DEVICES void
         e2e_check "$V: … and its other NVIDIA_*/CUDA_MPS_* variables are cleared" cleared_env "$cid" \
             NVIDIA_MIG_CONFIG_DEVICES NVIDIA_DRIVER_CAPABILITIES CUDA_MPS_PIPE_DIRECTORY
         e2e_check "$V: … and it sees no /dev/nvidia*" no_gpu_devices "$cid"
