@@ -639,6 +639,64 @@ k8s_wait_pod_phase() {
 # `default` ServiceAccount exists. Must run in the main shell (not in $(...))
 # so the exports stick. On failure prints the tail of the failing component's
 # log and returns 1 (call k8s_down to clean up).
+# ------------------------------------------------------ workload helpers ----
+# K8S_BURN: the seed's workload, a busy loop that counts rounds in its sim directory (written
+# with a rename so a reader never sees a half-written file).
+K8S_BURN='cd /var/run/gpushare; i=0; while :; do awk "BEGIN{for(j=0;j<20000;j++);}"; i=$((i+1)); echo $i >p.tmp; mv p.tmp progress; done'
+
+k8s_indent() { sed "s/^/$(printf '%*s' "$1" '')/"; } # N: indent stdin by N spaces
+
+# k8s_pod_spec MEM CORE CMD [SCHEDULER]: a pod spec with one busybox container `main` asking
+# MEM GiB (and CORE %, unless empty), scheduled by SCHEDULER (default: the cluster's default).
+k8s_pod_spec() {
+    local mem=$1 core=$2 cmd=$3 sched=${4:-}
+    cat <<EOF
+${sched:+schedulerName: $sched}
+terminationGracePeriodSeconds: 1
+automountServiceAccountToken: false
+restartPolicy: Never
+containers:
+- name: main
+  image: $E2E_BUSYBOX_IMAGE
+  imagePullPolicy: Never
+  command: ["sh", "-c", '$cmd']
+  resources:
+    limits:
+      aliyun.com/gpu-mem: "$mem"
+${core:+      aliyun.com/gpu-core.percentage: \"$core\"}
+EOF
+}
+
+# k8s_job_yaml NAME MEM CORE CMD [SCHEDULER]: a Job of one such pod.
+k8s_job_yaml() {
+    cat <<EOF
+apiVersion: batch/v1
+kind: Job
+metadata:
+  name: $1
+spec:
+  backoffLimit: 0
+  template:
+    metadata:
+      labels: {app: gpushare-e2e}
+    spec:
+EOF
+    k8s_pod_spec "$2" "$3" "$4" "${5:-}" | k8s_indent 6
+}
+
+# k8s_wait_for TIMEOUT DESC CMD...: poll CMD every 0.5 s; on time-out say so, prefixed with
+# K8S_WAIT_WHO (default k8s).
+k8s_wait_for() {
+    local t=$1 desc=$2 i
+    shift 2
+    for ((i = 0; i < t * 2; i++)); do
+        "$@" >/dev/null 2>&1 && return 0
+        sleep 0.5
+    done
+    echo "${K8S_WAIT_WHO:-k8s}: timed out after ${t}s waiting for: $desc" >&2
+    return 1
+}
+
 k8s_up() {
     local root=${1:-}
     if [[ $# -ne 1 || -z $root ]]; then

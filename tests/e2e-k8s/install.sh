@@ -13,6 +13,7 @@ set -euo pipefail
 
 # shellcheck source=tests/e2e-k8s/cluster.sh
 source "$(dirname "${BASH_SOURCE[0]}")/cluster.sh"
+K8S_WAIT_WHO=e2e-install
 
 START=$SECONDS
 HELM_VERSION=3.22.0
@@ -62,46 +63,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
-wait_for() { # TIMEOUT DESC CMD...: poll CMD every 0.5 s
-    local t=$1 desc=$2 i
-    shift 2
-    for ((i = 0; i < t * 2; i++)); do
-        "$@" >/dev/null 2>&1 && return 0
-        sleep 0.5
-    done
-    echo "e2e-install: timed out after ${t}s waiting for: $desc" >&2
-    return 1
-}
 
-# The seed's workload and Job (tests/e2e-k8s/run.sh), here with a schedulerName.
-BURN='cd /var/run/gpushare; i=0; while :; do awk "BEGIN{for(j=0;j<20000;j++);}"; i=$((i+1)); echo $i >p.tmp; mv p.tmp progress; done'
-job_yaml() { # NAME MEM CORE SCHEDULER CMD
-    cat <<EOF
-apiVersion: batch/v1
-kind: Job
-metadata:
-  name: $1
-spec:
-  backoffLimit: 0
-  template:
-    metadata:
-      labels: {app: gpushare-e2e}
-    spec:
-      schedulerName: $4
-      terminationGracePeriodSeconds: 1
-      automountServiceAccountToken: false
-      restartPolicy: Never
-      containers:
-      - name: main
-        image: $E2E_BUSYBOX_IMAGE
-        imagePullPolicy: Never
-        command: ["sh", "-c", '$5']
-        resources:
-          limits:
-            aliyun.com/gpu-mem: "$2"
-            aliyun.com/gpu-core.percentage: "$3"
-EOF
-}
 job_pod() { kc get pod -l "job-name=$1" -o jsonpath='{.items[0].metadata.name}'; }
 pod_running() { [[ $(kc get pod "$1" -o jsonpath='{.status.phase}') == Running ]]; }
 job_running() { local p; p=$(job_pod "$1") && [[ -n $p ]] && pod_running "$p"; }
@@ -182,7 +144,7 @@ for tar in "$GPUSHARE_TAR" "$KS_TAR" "$KUBECTL_TAR"; do
 done
 # (The controllers add its default ServiceAccount and kube-root-ca.crt, which pods mount.)
 e2e_require "namespace $NS" kc create namespace "$NS"
-e2e_require "… with its kube-root-ca.crt" wait_for 60 "kube-root-ca.crt in $NS" kc -n "$NS" get configmap kube-root-ca.crt
+e2e_require "… with its kube-root-ca.crt" k8s_wait_for 60 "kube-root-ca.crt in $NS" kc -n "$NS" get configmap kube-root-ca.crt
 # The seed's user story: the GPU node pool is labelled, then gpushare is installed.
 e2e_require "node labelled core_mem / binpack" kc label node "$K8S_NODE" --overwrite \
     ack.node.gpu.schedule=core_mem ack.node.gpu.placement=binpack
@@ -205,7 +167,7 @@ e2e_require "helm install (--wait: DaemonSet and Deployment ready)" \
 echo "installed in $((SECONDS - t0)) s"
 kc -n "$NS" get ds,deploy,pods -o wide
 # (helm --wait counts a DaemonSet ready with maxUnavailable pods not ready: 0 of 1 here.)
-e2e_check "agent DaemonSet: 1 of 1 ready" wait_for 60 "agent ready" bash -c \
+e2e_check "agent DaemonSet: 1 of 1 ready" k8s_wait_for 60 "agent ready" bash -c \
     "[[ \$($K8S_KUBECTL --kubeconfig $KUBECONFIG -n $NS get ds $RELEASE-node -o jsonpath='{.status.numberReady}/{.status.desiredNumberScheduled}') == 1/1 ]]"
 e2e_check "scheduler Deployment: available, both containers ready" bash -c \
     "$K8S_KUBECTL --kubeconfig $KUBECONFIG -n $NS get pod -l app.kubernetes.io/component=scheduler -o json | jq -e '.items[0].status.containerStatuses | length == 2 and all(.ready)'"
@@ -252,7 +214,7 @@ for o in yaml.safe_load_all(sys.stdin):
                  "containers": [c], "volumes": vols}}))' >"$WORK/nri-enable.json" || return 1
     jq -c '.spec.containers[0].securityContext' "$WORK/nri-enable.json"
     kc -n "$NS" apply -f "$WORK/nri-enable.json" >/dev/null || return 1
-    wait_for 60 "nri-enable done" bash -c "$K8S_KUBECTL --kubeconfig $KUBECONFIG -n $NS get pod nri-enable -o jsonpath='{.status.phase}' | grep -qE 'Succeeded|Failed'"
+    k8s_wait_for 60 "nri-enable done" bash -c "$K8S_KUBECTL --kubeconfig $KUBECONFIG -n $NS get pod nri-enable -o jsonpath='{.status.phase}' | grep -qE 'Succeeded|Failed'"
     kc -n "$NS" logs nri-enable
     kc -n "$NS" delete pod nri-enable --wait=false >/dev/null
     grep -q '^  disable = false' "$d/config.toml" && [[ $(cat "$d/restarted") == on-the-host && -S $d/nri.sock ]]
@@ -261,7 +223,7 @@ e2e_check "enableNri: the nri init container (SYS_ADMIN, SYS_CHROOT, SYS_PTRACE;
     nri_enable_pod
 
 echo "=== 2. the node: allocatable, annotation, the agent's identity"
-e2e_check "allocatable gpu-core.percentage is 400" wait_for 60 "core 400" alloc_is gpu-core.percentage 400
+e2e_check "allocatable gpu-core.percentage is 400" k8s_wait_for 60 "core 400" alloc_is gpu-core.percentage 400
 e2e_check "allocatable gpu-count is 4" alloc_is gpu-count 4
 e2e_check "allocatable gpu-mem is 60" alloc_is gpu-mem 60
 kc get node "$K8S_NODE" -o yaml | grep -E '^\s+aliyun.com/' | sort -u
@@ -287,8 +249,8 @@ e2e_check "with that token a node label change is refused (gpushare-node-scope)"
     bash -c '[[ $1 -ne 0 ]] && grep -q "may change only the gpushare.io/gpus annotation" <<<"$2"' _ "$rc" "$out"
 
 echo "=== 3. (a) the sample Job through gpushare's kube-scheduler"
-job_yaml sample 2 30 gpushare-scheduler "$BURN" | kc apply -f - >/dev/null
-e2e_check "sample Job's pod (schedulerName gpushare-scheduler) runs" wait_for 120 "sample running" job_running sample
+k8s_job_yaml sample 2 30 "$K8S_BURN" gpushare-scheduler | kc apply -f - >/dev/null
+e2e_check "sample Job's pod (schedulerName gpushare-scheduler) runs" k8s_wait_for 120 "sample running" job_running sample
 SAMPLE=$(job_pod sample)
 kc get pod "$SAMPLE" -o wide
 SGPU=$(kc get pod "$SAMPLE" -o json | jq -r '.metadata.annotations["gpushare.io/assignment"] | fromjson | .containers.main[0].gpuIndex') || SGPU=
@@ -308,7 +270,7 @@ e2e_check "the agent holds its quota (metric gpushare_container_gpu_core_quota_r
     "curl -fsS --max-time 5 127.0.0.1:$STATUS_PORT/metrics | grep -q 'gpushare_container_gpu_core_quota_ratio{pod=\"default/$SAMPLE\".*} 0.30'"
 
 echo "=== 4. admission"
-out=$(job_yaml bad33 2 33 gpushare-scheduler 'sleep 1' | kc apply -f - 2>&1) && rc=0 || rc=$?
+out=$(k8s_job_yaml bad33 2 33 'sleep 1' gpushare-scheduler | kc apply -f - 2>&1) && rc=0 || rc=$?
 echo "$out"
 e2e_check "a Job with gpu-core.percentage 33 is refused at kubectl apply, with the reason" \
     bash -c '[[ $1 -ne 0 ]] && grep -q "aliyun.com/gpu-core.percentage 33 of container \"main\" is not a multiple of 5" <<<"$2"' _ "$rc" "$out"
@@ -325,8 +287,8 @@ for k in ca.crt:ca.crt client.crt:kube-scheduler.crt client.key:kube-scheduler.k
 done
 export K8S_EXTENDER_URL=https://127.0.0.1:$EXT_PORT K8S_EXTENDER_TLS_DIR=$EXT_TLS
 e2e_require "default kube-scheduler restarted with the extender" k8s_restart_scheduler
-job_yaml plain 1 10 default-scheduler 'sleep 3600' | kc apply -f - >/dev/null
-e2e_check "a Job of the default scheduler (1 GiB, 10 %) runs" wait_for 120 "plain running" job_running plain
+k8s_job_yaml plain 1 10 'sleep 3600' default-scheduler | kc apply -f - >/dev/null
+e2e_check "a Job of the default scheduler (1 GiB, 10 %) runs" k8s_wait_for 120 "plain running" job_running plain
 PLAIN=$(job_pod plain)
 e2e_check "… placed by the extender (assignment 1024 MiB, 10 %, on the sample's GPU: binpack)" bash -c \
     "$K8S_KUBECTL --kubeconfig $KUBECONFIG get pod $PLAIN -o json | jq -e --argjson g ${SGPU:-0} '.metadata.annotations[\"gpushare.io/assignment\"] | fromjson | .containers.main[0] | .memoryMiB == 1024 and .corePercent == 10 and .gpuIndex == \$g'"
@@ -338,12 +300,12 @@ sample_id=$(kc get pod "$SAMPLE" -o jsonpath='{.status.containerStatuses[0].cont
 lib_inode=$(stat -c %i "$HOST_DIR/lib/libgpushare_limiter.so")
 e2e_check "helm upgrade (agent log level debug: a new agent pod)" \
     helm upgrade "$RELEASE" "$CHART" -n "$NS" --wait --timeout 3m --reuse-values --set agent.config.log.level=debug
-e2e_check "the agent pod was replaced and is ready" wait_for 90 "new agent ready" bash -c \
+e2e_check "the agent pod was replaced and is ready" k8s_wait_for 90 "new agent ready" bash -c \
     "$K8S_KUBECTL --kubeconfig $KUBECONFIG -n $NS get pod -l app.kubernetes.io/component=node -o json | jq -e '[.items[] | select(.metadata.name != \"$AGENT\" and .metadata.deletionTimestamp == null) | .status.conditions[]? | select(.type == \"Ready\" and .status == \"True\")] | length == 1'"
 e2e_check "the running sample's limiter files are still on the host" test -s "$HOST_DIR/limiter/$sample_id/limits.json"
 e2e_check "the limiter library is the same file (an unchanged library is not rewritten)" \
     test "$(stat -c %i "$HOST_DIR/lib/libgpushare_limiter.so")" = "$lib_inode"
-e2e_check "the sample still runs, and the new agent holds it again (metric)" wait_for 60 "sample in the new agent" bash -c \
+e2e_check "the sample still runs, and the new agent holds it again (metric)" k8s_wait_for 60 "sample in the new agent" bash -c \
     "$K8S_KUBECTL --kubeconfig $KUBECONFIG get pod $SAMPLE -o jsonpath='{.status.phase}' | grep -qx Running && curl -fsS --max-time 5 127.0.0.1:$STATUS_PORT/metrics | grep -q 'gpushare_container_gpu_core_quota_ratio{pod=\"default/$SAMPLE\".*} 0.30'"
 e2e_check "the extender's certificates were kept" test "$(kc -n "$NS" get secret "$RELEASE-extender-tls" -o jsonpath='{.data.ca\.crt}')" = "$ca_before"
 
@@ -355,7 +317,7 @@ echo "uninstalled in $((SECONDS - t0)) s"
 gone() { # no pod of the release is left (hook pods included)
     [[ -z $(kc -n "$NS" get pods -l app.kubernetes.io/instance=$RELEASE -o name 2>/dev/null) ]]
 }
-e2e_check "every pod of the release is gone" wait_for 60 "pods gone" gone
+e2e_check "every pod of the release is gone" k8s_wait_for 60 "pods gone" gone
 leftovers() { # every object whose name or namespace says gpushare, but the test's namespace
     # and the node (named gpushare-node: its Node, Lease, CSINode)
     local r
@@ -372,7 +334,7 @@ leftovers() { # every object whose name or namespace says gpushare, but the test
 no_leftovers() { [[ -z $(leftovers) ]]; }
 # (What the garbage collector removes after its owner: ReplicaSets, ControllerRevisions, the
 # hook's pods, takes a moment.)
-leftovers_gone() { wait_for 90 "no leftovers" no_leftovers || { leftovers; return 1; }; }
+leftovers_gone() { k8s_wait_for 90 "no leftovers" no_leftovers || { leftovers; return 1; }; }
 e2e_check "no gpushare object is left (cluster-scoped or in $NS)" leftovers_gone
 e2e_check "no host directory is left ($HOST_DIR)" test ! -e "$HOST_DIR"
 e2e_check "no gpushare socket is left in the device-plugin directory" bash -c \

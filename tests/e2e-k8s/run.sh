@@ -12,6 +12,7 @@ set -euo pipefail
 
 # shellcheck source=tests/e2e-k8s/cluster.sh
 source "$(dirname "${BASH_SOURCE[0]}")/cluster.sh"
+K8S_WAIT_WHO=e2e-k8s
 
 BIN=${GPUSHARE_BIN:-$E2E_REPO/target/release/gpushare}
 [[ -x $BIN ]] || { echo "e2e-k8s: $BIN not built (cargo build --release)" >&2; exit 1; }
@@ -72,33 +73,7 @@ trap cleanup EXIT
 
 kc() { k8s_kubectl "$@"; }
 
-# The seed's workload: a busy loop that counts rounds in its sim directory (written with a
-# rename so a reader never sees a half-written file).
-BURN='cd /var/run/gpushare; i=0; while :; do awk "BEGIN{for(j=0;j<20000;j++);}"; i=$((i+1)); echo $i >p.tmp; mv p.tmp progress; done'
-
-# pod_spec MEM CORE CMD: the spec of a busybox pod asking for MEM GiB and CORE % ("" to leave
-# the core out), unindented.
-pod_spec() {
-    local mem=$1 core=$2 cmd=$3
-    cat <<EOF
-terminationGracePeriodSeconds: 1
-automountServiceAccountToken: false
-restartPolicy: Never
-containers:
-- name: main
-  image: $E2E_BUSYBOX_IMAGE
-  imagePullPolicy: Never
-  command: ["sh", "-c", '$cmd']
-  resources:
-    limits:
-      aliyun.com/gpu-mem: "$mem"
-${core:+      aliyun.com/gpu-core.percentage: \"$core\"}
-EOF
-}
-
-indent() { sed "s/^/$(printf '%*s' "$1" '')/"; } # N: indent stdin by N spaces
-
-# pod_yaml NAME MEM CORE CMD [ANNOTATIONS_YAML]: a Pod (see pod_spec).
+# pod_yaml NAME MEM CORE CMD [ANNOTATIONS_YAML]: a Pod (see k8s_pod_spec).
 pod_yaml() {
     local name=$1 ann=${5:-}
     cat <<EOF
@@ -110,35 +85,10 @@ metadata:
 ${ann:+  annotations: $ann}
 spec:
 EOF
-    pod_spec "$2" "$3" "$4" | indent 2
+    k8s_pod_spec "$2" "$3" "$4" | k8s_indent 2
 }
 
-job_yaml() { # NAME MEM CORE CMD: a Job of one such pod
-    cat <<EOF
-apiVersion: batch/v1
-kind: Job
-metadata:
-  name: $1
-spec:
-  backoffLimit: 0
-  template:
-    metadata:
-      labels: {app: gpushare-e2e}
-    spec:
-EOF
-    pod_spec "$2" "$3" "$4" | indent 6
-}
 
-wait_for() { # TIMEOUT DESC CMD...: poll CMD every 0.5 s
-    local t=$1 desc=$2 i
-    shift 2
-    for ((i = 0; i < t * 2; i++)); do
-        "$@" >/dev/null 2>&1 && return 0
-        sleep 0.5
-    done
-    echo "e2e-k8s: timed out after ${t}s waiting for: $desc" >&2
-    return 1
-}
 
 running() { [[ $(kc get pod "$1" -o jsonpath='{.status.phase}') == Running ]]; }
 assigned_gpu() { # POD -> the GPU index of its assignment (first container, first GPU)
@@ -170,7 +120,7 @@ start_agent() {
         --device-plugin --device-plugin-dir "$K8S_DEVICE_PLUGIN_DIR" \
         --device-plugin-core auto --kubeconfig "$KUBECONFIG" &
     AGENT_PID=$!
-    wait_for 20 "agent healthy" curl -fsS "127.0.0.1:$STATUS_PORT/healthz"
+    k8s_wait_for 20 "agent healthy" curl -fsS "127.0.0.1:$STATUS_PORT/healthz"
 }
 
 start_extender() {
@@ -178,7 +128,7 @@ start_extender() {
         --tls-cert "$EXT_PKI/extender.crt" --tls-key "$EXT_PKI/extender.key" --client-ca "$EXT_PKI/ca.crt" \
         >>"$ROOT/extender.log" 2>&1 &
     EXT_PID=$!
-    wait_for 30 "extender synced" ext_curl healthz
+    k8s_wait_for 30 "extender synced" ext_curl healthz
 }
 
 allocatable() { kc get node "$K8S_NODE" -o json | jq -r --arg r "aliyun.com/$1" '.status.allocatable[$r] // ""'; }
@@ -196,14 +146,14 @@ _k8s_kubeconfig "$ROOT/gpushare-scheduler.kubeconfig" gpushare-scheduler gpushar
 e2e_require "RBAC for the extender applied" kc apply -f "$E2E_REPO/install/scheduler-rbac.yaml"
 e2e_require "admission policy applied" kc apply -f "$E2E_REPO/install/admission-policy.yaml"
 # A policy takes effect a moment after it is created: probe with a server-side dry run.
-policy_active() { ! job_yaml probe 2 33 'sleep 1' | kc apply --dry-run=server -f - >/dev/null 2>&1; }
-e2e_require "admission policy in force" wait_for 30 "admission policy active" policy_active
+policy_active() { ! k8s_job_yaml probe 2 33 'sleep 1' | kc apply --dry-run=server -f - >/dev/null 2>&1; }
+e2e_require "admission policy in force" k8s_wait_for 30 "admission policy active" policy_active
 
 echo "=== 1. node: labels, device plugin, allocatable"
 e2e_require "gpushare node starts (NRI + device plugin)" start_agent
 e2e_require "node labelled core_mem / binpack" kc label node "$K8S_NODE" --overwrite \
     ack.node.gpu.schedule=core_mem ack.node.gpu.placement=binpack
-e2e_check "allocatable gpu-core.percentage becomes 400" wait_for 60 "core 400" alloc_is gpu-core.percentage 400
+e2e_check "allocatable gpu-core.percentage becomes 400" k8s_wait_for 60 "core 400" alloc_is gpu-core.percentage 400
 e2e_check "allocatable gpu-count is 4" alloc_is gpu-count 4
 e2e_check "allocatable gpu-mem is 60" alloc_is gpu-mem 60
 kc get node "$K8S_NODE" -o yaml | grep -E '^\s+aliyun.com/' | sort -u
@@ -213,13 +163,13 @@ e2e_check "node annotation gpushare.io/gpus lists 4 GPUs" bash -c \
 # new uncorrected ECC errors) reaches the node annotation and kubelet's allocatable.
 gpu3_health="$K8S_KUBECTL get node $K8S_NODE -o json | jq -r '.metadata.annotations[\"gpushare.io/gpus\"] | fromjson | .gpus[] | select(.index == 3) | .healthy'"
 mkdir -p "$ROOT/agent-state/sim" && echo 3 >"$ROOT/agent-state/sim/unhealthy"
-e2e_check "GPU 3 reported unhealthy → node annotation says healthy: false" wait_for 30 "GPU 3 unhealthy" \
+e2e_check "GPU 3 reported unhealthy → node annotation says healthy: false" k8s_wait_for 30 "GPU 3 unhealthy" \
     bash -c "[[ \$($gpu3_health) == false ]]"
-e2e_check "… and allocatable gpu-mem drops to 45" wait_for 60 "gpu-mem 45" alloc_is gpu-mem 45
+e2e_check "… and allocatable gpu-mem drops to 45" k8s_wait_for 60 "gpu-mem 45" alloc_is gpu-mem 45
 rm -f "$ROOT/agent-state/sim/unhealthy"
-e2e_check "GPU 3 healthy again → node annotation says healthy: true" wait_for 60 "GPU 3 healthy" \
+e2e_check "GPU 3 healthy again → node annotation says healthy: true" k8s_wait_for 60 "GPU 3 healthy" \
     bash -c "[[ \$($gpu3_health) == true ]]"
-e2e_require "… and allocatable gpu-mem is back to 60" wait_for 60 "gpu-mem 60" alloc_is gpu-mem 60
+e2e_require "… and allocatable gpu-mem is back to 60" k8s_wait_for 60 "gpu-mem 60" alloc_is gpu-mem 60
 e2e_check "the agent found the admission policies installed (log)" bash -c \
     "grep -q 'admission policy installed.*gpushare-node-scope' '$ROOT/agent.log' && grep -q 'admission policy installed.*gpushare-pod-annotations' '$ROOT/agent.log'"
 e2e_require "gpushare scheduler (extender) starts and syncs" start_extender
@@ -241,10 +191,10 @@ e2e_check "… and neither does one in plain HTTP" bash -c \
 e2e_check "… while kube-scheduler's certificate gets answers" ext_curl healthz
 
 echo "=== 2. the sample Job (2 GiB, 30 %) and an unconstrained pod"
-job_yaml sample 2 30 "$BURN" | kc apply -f - >/dev/null
-pod_yaml burn100 2 100 "$BURN" | kc apply -f - >/dev/null
-e2e_check "sample Job's pod runs" wait_for 120 "sample running" bash -c "p=\$($K8S_KUBECTL get pod -l job-name=sample -o jsonpath='{.items[0].metadata.name}') && [[ \$($K8S_KUBECTL get pod \$p -o jsonpath='{.status.phase}') == Running ]]"
-e2e_check "unconstrained pod (core 100) runs" wait_for 120 "burn100 running" running burn100
+k8s_job_yaml sample 2 30 "$K8S_BURN" | kc apply -f - >/dev/null
+pod_yaml burn100 2 100 "$K8S_BURN" | kc apply -f - >/dev/null
+e2e_check "sample Job's pod runs" k8s_wait_for 120 "sample running" bash -c "p=\$($K8S_KUBECTL get pod -l job-name=sample -o jsonpath='{.items[0].metadata.name}') && [[ \$($K8S_KUBECTL get pod \$p -o jsonpath='{.status.phase}') == Running ]]"
+e2e_check "unconstrained pod (core 100) runs" k8s_wait_for 120 "burn100 running" running burn100
 SAMPLE=$(job_pod sample)
 SGPU=$(assigned_gpu "$SAMPLE")
 echo "sample pod $SAMPLE assigned GPU $SGPU; burn100 assigned GPU $(assigned_gpu burn100)"
@@ -268,7 +218,7 @@ kc delete pod burn100 --wait=true >/dev/null
 echo "=== 3. binpack: three more 30 % pods"
 for i in 1 2 3; do
     pod_yaml "more$i" 2 30 'sleep 3600' | kc apply -f - >/dev/null
-    wait_for 60 "more$i running" running "more$i" || true
+    k8s_wait_for 60 "more$i running" running "more$i" || true
 done
 g1=$(assigned_gpu more1) g2=$(assigned_gpu more2) g3=$(assigned_gpu more3)
 echo "GPUs: sample $SGPU, more1 $g1, more2 $g2, more3 $g3"
@@ -277,7 +227,7 @@ e2e_check "more3 goes to another GPU" test "$g3" != "$g1"
 e2e_check "all four run" bash -c "for p in more1 more2 more3; do [[ \$($K8S_KUBECTL get pod \$p -o jsonpath='{.status.phase}') == Running ]] || exit 1; done"
 
 echo "=== 4. refusals"
-out=$(job_yaml bad33 2 33 'sleep 1' | kc apply -f - 2>&1) && rc=0 || rc=$?
+out=$(k8s_job_yaml bad33 2 33 'sleep 1' | kc apply -f - 2>&1) && rc=0 || rc=$?
 echo "$out"
 e2e_check "a Job with gpu-core.percentage 33 is refused at kubectl apply" test "$rc" -ne 0
 e2e_check "… with the reason" grep -q "33" <<<"$out"
@@ -289,7 +239,7 @@ e2e_check "a pod that sets gpushare.io/assignment itself is refused" test "$rc" 
 e2e_check "… naming the annotation" grep -q "gpushare.io/assignment" <<<"$out"
 pod_yaml memonly 2 "" 'sleep 3600' | kc apply -f - >/dev/null
 reason() { kc get pod memonly -o jsonpath='{.status.conditions[?(@.type=="PodScheduled")].message}'; }
-e2e_check "a memory-only pod is not placed on the core_mem node" wait_for 60 "memonly unschedulable" \
+e2e_check "a memory-only pod is not placed on the core_mem node" k8s_wait_for 60 "memonly unschedulable" \
     bash -c "[[ \$($K8S_KUBECTL get pod memonly -o jsonpath='{.status.conditions[?(@.type==\"PodScheduled\")].status}') == False ]]"
 echo "memonly: $(reason)"
 e2e_check "… with a readable reason" grep -q "needs a cgpu or share node" <<<"$(reason)"
@@ -306,7 +256,7 @@ bound_at_least() { (($(bound_count) >= $1)); }
 many_yaml 01 25 >"$ROOT/many-a.yaml"
 many_yaml 26 50 >"$ROOT/many-b.yaml"
 kc apply -f "$ROOT/many-a.yaml" >/dev/null
-e2e_check "the first 25 are bound" wait_for 120 "25 bound" bound_at_least 25
+e2e_check "the first 25 are bound" k8s_wait_for 120 "25 bound" bound_at_least 25
 # Killed (SIGKILL: no goodbye), the other 25 arrive while it is away; the restarted extender
 # must rebuild the allocations from the pods' annotations before it binds anything.
 kill -9 "$EXT_PID"
@@ -318,19 +268,19 @@ e2e_check "nothing is bound while the extender is away" test "$(bound_count)" -e
 e2e_check "extender restarted and re-synced from the pods' annotations" start_extender
 # Capacity left: GPU $SGPU has 10 % left, GPU $g3 70 %, two idle GPUs 100 % each → 1 + 7 + 10 + 10.
 expect=28
-e2e_check "all that fit are bound ($expect)" wait_for 180 "$expect bound" bound_at_least "$expect"
+e2e_check "all that fit are bound ($expect)" k8s_wait_for 180 "$expect bound" bound_at_least "$expect"
 sleep 5
 echo "bound: $(bound_count) of 50"
 e2e_check "no more than fit were bound" test "$(bound_count)" -eq "$expect"
 e2e_check "no GPU over-committed (memory ≤ 15 GiB, core ≤ 100 % on every GPU)" no_overcommit
 running_many() { kc get pods -o json | jq '[.items[] | select(.metadata.name | startswith("many-")) | select(.status.phase == "Running")] | length'; }
-e2e_check "every bound pod runs" wait_for 240 "$expect running" bash -c "(( \$($K8S_KUBECTL get pods -o json | jq '[.items[] | select(.metadata.name | startswith(\"many-\")) | select(.status.phase == \"Running\")] | length') >= $expect ))"
+e2e_check "every bound pod runs" k8s_wait_for 240 "$expect running" bash -c "(( \$($K8S_KUBECTL get pods -o json | jq '[.items[] | select(.metadata.name | startswith(\"many-\")) | select(.status.phase == \"Running\")] | length') >= $expect ))"
 echo "running: $(running_many)"
 pending_reasons() { kc get pods -o json | jq -r '.items[] | select(.metadata.name | startswith("many-")) | select(.spec.nodeName == null) | .status.conditions[]? | select(.type == "PodScheduled") | .message'; }
 pending_reasons | sort | uniq -c | head -5
 # kube-scheduler itself refuses once the node's extended resources are used up; before that
 # the extender's sentence ("… compute free, the pod needs 1") is the reason.
-e2e_check "the rest wait with a readable reason" wait_for 60 "reasons" bash -c \
+e2e_check "the rest wait with a readable reason" k8s_wait_for 60 "reasons" bash -c \
     "$K8S_KUBECTL get pods -o json | jq -e '[.items[] | select(.metadata.name | startswith(\"many-\")) | select(.spec.nodeName == null) | .status.conditions[]? | select(.type == \"PodScheduled\") | .message] | length == 22 and all(test(\"compute free|Insufficient aliyun.com/gpu\"))'"
 e2e_check "extender metrics count the binds" bash -c \
     "ext_curl metrics | grep -E '^gpushare_extender_binds_total\\{result=\"ok\"\\} [1-9]'"
@@ -351,16 +301,16 @@ e2e_check "inspect -d lists the sample pod" grep -q "$SAMPLE" <<<"$out"
 echo "=== 7. kubelet restart: the device plugin registers again"
 kc get pods -o name | grep '^pod/many-' | xargs "$K8S_KUBECTL" delete --wait=false >/dev/null
 k8s_restart_kubelet
-e2e_check "allocatable gpu-mem is back to 60 after the kubelet restart" wait_for 90 "gpu-mem 60" alloc_is gpu-mem 60
-e2e_check "allocatable gpu-core.percentage is back to 400" wait_for 30 "core 400" alloc_is gpu-core.percentage 400
+e2e_check "allocatable gpu-mem is back to 60 after the kubelet restart" k8s_wait_for 90 "gpu-mem 60" alloc_is gpu-mem 60
+e2e_check "allocatable gpu-core.percentage is back to 400" k8s_wait_for 30 "core 400" alloc_is gpu-core.percentage 400
 pod_yaml after 1 10 'sleep 3600' | kc apply -f - >/dev/null
-e2e_check "a new GPU pod is granted and runs after the kubelet restart" wait_for 120 "after running" running after
+e2e_check "a new GPU pod is granted and runs after the kubelet restart" k8s_wait_for 120 "after running" running after
 
 echo "=== 8. a GPU init container (10 GiB, 20 %) before the app container (8 GiB, 10 %)"
 # They never run together: the pod takes 10 GiB / 20 % (the larger), not 18 GiB / 30 % (no
 # GPU has that much); each container gets its own share, and the init container's is free
 # again once it has exited.
-wait_for 120 "many- pods gone" bash -c "! $K8S_KUBECTL get pods -o name | grep -q '^pod/many-'" || true
+k8s_wait_for 120 "many- pods gone" bash -c "! $K8S_KUBECTL get pods -o name | grep -q '^pod/many-'" || true
 GPU_ENV='env | grep ^GPUSHARE_GPU_ | sort'
 kc apply -f - >/dev/null <<EOF
 apiVersion: v1
@@ -387,7 +337,7 @@ spec:
     resources:
       limits: {aliyun.com/gpu-mem: "8", aliyun.com/gpu-core.percentage: "10"}
 EOF
-e2e_check "the pod with a GPU init container is scheduled and runs" wait_for 120 "staged running" running staged
+e2e_check "the pod with a GPU init container is scheduled and runs" k8s_wait_for 120 "staged running" running staged
 staged_shares() { kc get pod staged -o json | jq -c '.metadata.annotations["gpushare.io/assignment"] | fromjson | .containers'; }
 echo "staged assignment: $(staged_shares)"
 e2e_check "the assignment gives the init and the app container each its own share, on one GPU" \
