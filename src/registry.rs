@@ -45,6 +45,9 @@ pub struct Committed {
 #[derive(Debug, Default)]
 pub struct Registry {
     inner: RwLock<BTreeMap<String, ContainerRecord>>,
+    /// Bumped (under the write lock) by every change, so a reader can tell that nothing
+    /// changed since its last snapshot without taking one.
+    generation: std::sync::atomic::AtomicU64,
 }
 
 impl Registry {
@@ -52,19 +55,30 @@ impl Registry {
         Self::default()
     }
 
+    /// The write lock, with the generation bumped: whoever takes it may change the map.
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, BTreeMap<String, ContainerRecord>> {
+        let guard = self.inner.write().expect("registry lock");
+        self.generation
+            .fetch_add(1, std::sync::atomic::Ordering::Release);
+        guard
+    }
+
+    /// Changes with every write; equal values mean equal contents (read it before taking the
+    /// snapshot it stands for).
+    pub fn generation(&self) -> u64 {
+        self.generation.load(std::sync::atomic::Ordering::Acquire)
+    }
+
     pub fn upsert(&self, rec: ContainerRecord) {
-        self.inner
-            .write()
-            .expect("registry lock")
-            .insert(rec.id.clone(), rec);
+        self.write().insert(rec.id.clone(), rec);
     }
 
     pub fn remove(&self, id: &str) -> Option<ContainerRecord> {
-        self.inner.write().expect("registry lock").remove(id)
+        self.write().remove(id)
     }
 
     pub fn set_state(&self, id: &str, state: ContainerState) {
-        if let Some(r) = self.inner.write().expect("registry lock").get_mut(id) {
+        if let Some(r) = self.write().get_mut(id) {
             r.state = state;
         }
     }
@@ -72,7 +86,7 @@ impl Registry {
     /// Replaces the whole registry (after a complete Synchronize).
     pub fn replace_all(&self, records: Vec<ContainerRecord>) {
         let map = records.into_iter().map(|r| (r.id.clone(), r)).collect();
-        *self.inner.write().expect("registry lock") = map;
+        *self.write() = map;
     }
 
     pub fn get(&self, id: &str) -> Option<ContainerRecord> {
@@ -175,5 +189,22 @@ mod tests {
         assert_eq!(r.snapshot().len(), 1);
         assert!(r.remove("z").is_some());
         assert!(r.snapshot().is_empty());
+    }
+
+    #[test]
+    fn every_change_bumps_the_generation_and_reads_do_not() {
+        let r = Registry::new();
+        let mut seen = vec![r.generation()];
+        r.upsert(rec("a", 1, 2048, Some(30), ContainerState::Created));
+        seen.push(r.generation());
+        r.set_state("a", ContainerState::Running);
+        seen.push(r.generation());
+        let _ = (r.snapshot(), r.get("a"), r.committed(1, ""));
+        assert_eq!(r.generation(), seen[2], "reads change nothing");
+        r.remove("a");
+        seen.push(r.generation());
+        r.replace_all(vec![]);
+        seen.push(r.generation());
+        assert!(seen.windows(2).all(|w| w[0] < w[1]), "{seen:?}");
     }
 }

@@ -238,15 +238,40 @@ async fn serve_one(
             Err(e) => Response::error(true, format!("gpushare: bad runtime API request: {e}")),
         }
     };
-    tokio::time::timeout(IO_TIMEOUT, write_response(&mut stream, &resp))
-        .await
-        .unwrap_or(Ok(()))
+    match tokio::time::timeout(IO_TIMEOUT, write_response(&mut stream, &resp)).await {
+        // A notification's sender (`notify`) does not wait for the answer.
+        Ok(Err(e)) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        Ok(r) => r,
+        Err(_) => Ok(()),
+    }
 }
 
 async fn write_response(stream: &mut tokio::net::UnixStream, r: &Response) -> std::io::Result<()> {
     let mut bytes = serde_json::to_vec(r).expect("a response serializes");
     bytes.push(b'\n');
     stream.write_all(&bytes).await
+}
+
+/// Sends `req` without waiting for the answer: the request is in the socket's buffer when
+/// this returns, and the agent handles it after the caller has gone (peer credentials are
+/// taken at connect, so the check still holds). For notifications on a container's hot path
+/// (`start`), where the caller has nothing to do with the answer.
+pub fn notify(socket: &Path, req: &Request, timeout: Duration) -> Result<(), CallError> {
+    let mut stream = std::os::unix::net::UnixStream::connect(socket).map_err(|source| {
+        CallError::Unreachable {
+            socket: socket.to_path_buf(),
+            source,
+        }
+    })?;
+    let mut bytes = serde_json::to_vec(req).expect("a request serializes");
+    bytes.push(b'\n');
+    stream
+        .set_write_timeout(Some(timeout))
+        .and_then(|_| stream.write_all(&bytes))
+        .map_err(|e| CallError::NoAnswer {
+            socket: socket.to_path_buf(),
+            reason: e.to_string(),
+        })
 }
 
 /// Why a call did not get an answer.
@@ -399,5 +424,55 @@ mod tests {
                 "{r:?}"
             );
         }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_notification_is_handled_after_its_sender_is_gone() {
+        if unsafe { libc::geteuid() } != 0 {
+            assert!(std::env::var("CI").is_err(), "CI runs the tests as root");
+            eprintln!("SKIP: the runtime API serves root callers only; run as root");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let sock = dir.path().join("runtime.sock");
+        let node = Arc::new(Node::new(AgentState::in_memory("n")));
+        let pending = Arc::new(Pending::new(Duration::ZERO));
+        tokio::spawn(serve(bind(&sock).unwrap(), node.clone(), pending));
+        let s = sock.clone();
+        let created = tokio::task::spawn_blocking(move || {
+            let req = Request::Create {
+                id: "c1".into(),
+                spec: gpu(30, None),
+            };
+            let r = call(&s, &req, Duration::from_secs(5)).unwrap();
+            notify(
+                &s,
+                &Request::Start { id: "c1".into() },
+                Duration::from_secs(5),
+            )
+            .unwrap();
+            r
+        })
+        .await
+        .unwrap();
+        assert!(created.ok && created.adjustment.is_some(), "{created:?}");
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while node.registry.get("c1").map(|r| r.state)
+            != Some(crate::registry::ContainerState::Running)
+        {
+            assert!(
+                Instant::now() < deadline,
+                "start not handled: {:?}",
+                node.registry.get("c1")
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let err = notify(
+            &dir.path().join("none.sock"),
+            &Request::Start { id: "c1".into() },
+            Duration::from_secs(1),
+        )
+        .unwrap_err();
+        assert!(matches!(err, CallError::Unreachable { .. }), "{err}");
     }
 }

@@ -134,8 +134,9 @@ pub fn run(args: Vec<OsString>) -> i32 {
         }
         ("start", Some(id)) => {
             // Best effort (the registry's state; the controller tracks a created container
-            // already), and never holding a start up for long.
-            let _ = api::call(&cfg.socket, &Request::Start { id }, notify);
+            // already) and sent without waiting for the agent: a start is on the pod's
+            // critical path, and runc need not wait for the registry.
+            let _ = api::notify(&cfg.socket, &Request::Start { id }, notify);
             exec(&runtime, &args)
         }
         ("delete", Some(id)) => {

@@ -388,20 +388,33 @@ impl ContainerCgroup {
     /// Cumulative CPU time of the cgroup in nanoseconds. v1: `cpuacct.usage`; v2: `cpu.stat`
     /// `usage_usec` × 1000.
     pub fn cpu_usage_ns(&self) -> Result<u64, CgroupError> {
+        let (name, _) = self.cpu_usage_file();
+        let (path, data) = read_file(&self.cpu_dir, name)?;
+        self.parse_cpu_usage(path, data)
+    }
+
+    /// The file [`cpu_usage_ns`](Self::cpu_usage_ns) reads, and its path, for a caller that
+    /// keeps it open and reads it again with `pread` at offset 0 (cgroupfs files are made
+    /// anew on every read from the start).
+    pub fn cpu_usage_file(&self) -> (&'static str, PathBuf) {
+        let name = match self.version {
+            CgroupVersion::V1 => "cpuacct.usage",
+            CgroupVersion::V2 => "cpu.stat",
+        };
+        (name, self.cpu_dir.join(name))
+    }
+
+    /// The CPU time, ns, in what [`cpu_usage_file`](Self::cpu_usage_file) read.
+    pub fn parse_cpu_usage(&self, path: PathBuf, data: String) -> Result<u64, CgroupError> {
         match self.version {
-            CgroupVersion::V1 => {
-                let (path, data) = read_file(&self.cpu_dir, "cpuacct.usage")?;
-                data.trim()
-                    .parse()
-                    .map_err(|_| CgroupError::Parse { path, data })
-            }
-            CgroupVersion::V2 => {
-                let (path, data) = read_file(&self.cpu_dir, "cpu.stat")?;
-                flat_keyed(&data, "usage_usec")
-                    .and_then(|v| v.parse::<u64>().ok())
-                    .and_then(|usec| usec.checked_mul(1000))
-                    .ok_or(CgroupError::Parse { path, data })
-            }
+            CgroupVersion::V1 => data
+                .trim()
+                .parse()
+                .map_err(|_| CgroupError::Parse { path, data }),
+            CgroupVersion::V2 => flat_keyed(&data, "usage_usec")
+                .and_then(|v| v.parse::<u64>().ok())
+                .and_then(|usec| usec.checked_mul(1000))
+                .ok_or(CgroupError::Parse { path, data }),
         }
     }
 

@@ -138,6 +138,8 @@ pub struct ThrottleStats {
 pub struct ControllerLink {
     fs: CgroupFs,
     released: Mutex<std::collections::HashSet<String>>,
+    /// Bumped by every release, like the registry's generation.
+    generation: std::sync::atomic::AtomicU64,
 }
 
 impl ControllerLink {
@@ -145,6 +147,7 @@ impl ControllerLink {
         ControllerLink {
             fs,
             released: Mutex::new(Default::default()),
+            generation: Default::default(),
         }
     }
 
@@ -155,6 +158,7 @@ impl ControllerLink {
             .lock()
             .expect("release lock")
             .insert(id.to_string());
+        self.generation.fetch_add(1, Ordering::Release);
         if let Ok(cg) = throttled_child(&self.fs, cgroups_path)
             && cg.exists()
             && let Err(e) = cg.thaw()
@@ -252,6 +256,9 @@ pub struct Controller {
     mode: FreezerMode,
     /// Periods run so far (idle containers are swept only every few periods).
     periods: u64,
+    /// The registry's and the link's generations the tracked set was last built from, while
+    /// nothing was left to retry: until either changes, a period skips the rebuild.
+    synced: Option<(u64, u64)>,
 }
 
 /// Idle containers' processes are swept into the throttled child every this many periods
@@ -296,6 +303,7 @@ impl Controller {
             link,
             mode: FreezerMode::Cgroup,
             periods: 0,
+            synced: None,
         }
     }
 
@@ -362,6 +370,15 @@ impl Controller {
     /// Brings the tracked set in line with the registry: new GPU containers are picked up,
     /// stopped or removed ones are thawed and dropped.
     fn sync_members(&mut self) {
+        // Read before the snapshot: a change after this read shows as a new generation next
+        // period.
+        let generations = (
+            self.registry.generation(),
+            self.link.generation.load(Ordering::Acquire),
+        );
+        if self.synced == Some(generations) {
+            return;
+        }
         let records = self.registry.snapshot();
         // id → (every GPU with its compute quota, cgroup path, PID)
         type Want = (Vec<(u32, Option<f64>)>, String, u32);
@@ -470,15 +487,20 @@ impl Controller {
             }
         }
         let unrecorded = self.handles.values().any(|h| !h.recorded);
+        let mut complete = want.keys().all(|id| self.handles.contains_key(id));
         if changed || unrecorded {
             match self.write_guardian_list() {
                 Ok(()) => self.handles.values_mut().for_each(|h| h.recorded = true),
                 // Those not recorded yet are left thawed until the list can be written.
                 Err(e) => {
+                    complete = false;
                     tracing::error!(error = %e, "cannot write the guardian list; new containers are not throttled until it can be")
                 }
             }
         }
+        // A container whose cgroup is not there yet, or not in the guardian list, is tried
+        // again next period.
+        self.synced = complete.then_some(generations);
         let params = self.params();
         let mut per_gpu: BTreeMap<u32, Vec<Member>> = BTreeMap::new();
         // A container on several GPUs is a member of each GPU's loop, with that GPU's quota.
@@ -550,6 +572,9 @@ impl Controller {
     }
 
     fn enforce_memory(&mut self, sample: &super::source::Sample) {
+        if sample.memory_bytes.is_empty() {
+            return;
+        }
         let limits: HashMap<String, u64> = self
             .stats
             .containers
