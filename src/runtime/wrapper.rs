@@ -1,8 +1,8 @@
 //! `gpushare runtime`: an OCI runtime wrapper (containerd's runc `BinaryName`, podman's
 //! `--runtime`). `create` asks the node agent for its decision on the bundle's spec, writes
 //! the adjustment into `config.json` and runs the real runtime, unregistering the container
-//! if that fails; `start` and `delete` tell the agent (best effort, briefly); every other
-//! verb, and every argument, goes to the real runtime unchanged.
+//! if that fails; `start` tells the agent without waiting, `delete` briefly (both best
+//! effort); every other verb, and every argument, goes to the real runtime unchanged.
 
 use std::ffi::{OsStr, OsString};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
