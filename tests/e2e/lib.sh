@@ -20,6 +20,7 @@
 #
 # Public functions (see each for details):
 #   e2e_build_peers                         build missing containerd/crictl peers
+#   e2e_build_crictl                        build crictl only, when missing
 #   e2e_build_conformance_peers             build missing critest, ginkgo, registry
 #   e2e_build_images                        build (cached) image tarballs
 #   e2e_image_tar SHORT NAME [OPTS] CMD...  build (cached) one image tarball
@@ -40,6 +41,12 @@
 #   e2e_assignment GPU MEMORY_MIB [CORE]    a gpushare.io/assignment (one container "main")
 #   e2e_write_pod NAME ASSIGNMENT MEM CORE [COMMAND [EXTRA_JSON]]   ROOT/NAME.{pod,ctr}.json
 #   E2E_BURN                                busy-loop workload (shell command) for quota tests
+#   e2e_run_pod NAME / e2e_in_ctr CID CMD... / e2e_gpu_uuid PORT GPU
+#   e2e_only_gpu_node CID WANT / e2e_no_gpu_devices CID / e2e_no_gpu_env CID
+#   e2e_check_gpu_pod LABEL PORT NAME GPU MEM CORE   the GPU container checks, for one pod
+#   e2e_create_refused PORT NAME PATTERN    creation refused with PATTERN, nothing left
+#   e2e_bad_inputs LABEL PORT               every refused assignment, with its message
+#   e2e_remove_cgroups BASE                 rmdir the cgroup BASE and below, every hierarchy
 #   e2e_check DESC CMD...   e2e_check_fail DESC CMD...   e2e_require DESC CMD...
 #   e2e_grep_out PATTERN CMD...             CMD's output, printed, matches PATTERN
 #   e2e_summary                             prints "N passed, M failed"
@@ -137,13 +144,19 @@ e2e_build_peers() {
             github.com/containerd/containerd/cmd/containerd-shim-runc-v2 \
             github.com/containerd/containerd/cmd/ctr) || return 1
     fi
-    if [[ ! -x $E2E_CRICTL ]]; then
-        d=$(dirname "$E2E_CRICTL")
-        e2e_log "building crictl $E2E_CRICTL_VERSION into $d"
-        mkdir -p "$d"
-        (cd "$E2E_REPO" && CGO_ENABLED=0 GOBIN=$d go install -buildvcs=false \
-            "sigs.k8s.io/cri-tools/cmd/crictl@v$E2E_CRICTL_VERSION") || return 1
-    fi
+    e2e_build_crictl
+}
+
+# e2e_build_crictl: `go install` crictl into target/peers/ when it is missing (for suites on
+# other runtimes than containerd, e.g. crio.sh).
+e2e_build_crictl() {
+    local d
+    [[ ! -x $E2E_CRICTL ]] || return 0
+    d=$(dirname "$E2E_CRICTL")
+    e2e_log "building crictl $E2E_CRICTL_VERSION into $d"
+    mkdir -p "$d"
+    (cd "$E2E_REPO" && CGO_ENABLED=0 GOBIN=$d go install -buildvcs=false \
+        "sigs.k8s.io/cri-tools/cmd/crictl@v$E2E_CRICTL_VERSION")
 }
 
 # e2e_build_conformance_peers: build whichever of critest (with the ginkgo CLI) and the
@@ -626,11 +639,23 @@ _e2e_our_shims() {
     done
 }
 
+# e2e_remove_cgroups BASE: removes the (empty) cgroup BASE with everything below it in every
+# hierarchy, and its parent when that is left empty (.../gpushare-e2e); BASE "" does nothing.
+e2e_remove_cgroups() {
+    local m
+    [[ -n $1 ]] || return 0
+    for m in /sys/fs/cgroup"$1" /sys/fs/cgroup/*"$1"; do
+        [[ -d $m ]] || continue
+        find "$m" -depth -type d -exec rmdir {} + 2>/dev/null || true
+        rmdir "${m%/*}" 2>/dev/null || true
+    done
+}
+
 # e2e_stop_containerd: remove all pods, stop containerd, kill leftover shims
 # and containers of this ROOT, unmount everything under ROOT, delete ROOT.
 # Safe from an EXIT trap, safe to call twice, never fails (returns 0).
 e2e_stop_containerd() {
-    local root=${E2E_ROOT:-} pid ns id m
+    local root=${E2E_ROOT:-} pid ns id
     [[ -n $root && -d $root && -f $root/.gpushare-e2e-root ]] || return 0
     [[ $root != / ]] || return 0
     {
@@ -658,13 +683,7 @@ e2e_stop_containerd() {
         e2e_unmount_below "$root"
         # Pod cgroups (e2e_pod_json puts pods under E2E_CGROUP_BASE): runc
         # removes container leaves only.
-        if [[ -n ${E2E_CGROUP_BASE:-} ]]; then
-            for m in /sys/fs/cgroup"$E2E_CGROUP_BASE" /sys/fs/cgroup/*"$E2E_CGROUP_BASE"; do
-                [[ -d $m ]] || continue
-                find "$m" -depth -type d -exec rmdir {} + 2>/dev/null || true
-                rmdir "${m%/*}" 2>/dev/null || true # .../gpushare-e2e when empty
-            done
-        fi
+        e2e_remove_cgroups "${E2E_CGROUP_BASE:-}"
         rm -rf --one-file-system "$root" 2>/dev/null ||
             e2e_log "warning: could not fully remove $root"
     } || true
@@ -901,6 +920,11 @@ e2e_assignment() {
 #   after the device plugin's Allocate (container "main", labels gpushare-e2e=NAME and
 #   gpushare-e2e-gpu=true|false). COMMAND (a shell command) replaces the default sleep;
 #   EXTRA_JSON is merged (top level) into the container config.
+#   With E2E_KUBELET_CTR=1 the container config also carries two things kubelet gives every
+#   container that CRI-O relies on (crio.sh): kubelet's labels io.kubernetes.container.name,
+#   io.kubernetes.pod.{name,namespace,uid} (CRI-O copies labels into the spec's annotations
+#   and names the container to NRI after io.kubernetes.container.name) and the pod's namespace
+#   options (CRI-O refuses a container whose PID namespace mode its sandbox lacks).
 e2e_write_pod() {
     local name=$1 assign=$2 mem=$3 core=$4 cmd=${5:-} pod_ann ctr_ann extra gpu=false
     [[ -n $assign ]] && gpu=true
@@ -909,9 +933,16 @@ e2e_write_pod() {
         '(if $m == "" then {} else {"gpushare.io/granted-mem": $m} end) +
          (if $c == "" then {} else {"gpushare.io/granted-core": $c} end)')
     e2e_pod_json "$name" "uid-$name" "$pod_ann" >"$E2E_ROOT/$name.pod.json"
-    extra=$(jq -cn --arg n "$name" --arg g "$gpu" --arg c "$cmd" \
-        '{labels: {"gpushare-e2e": $n, "gpushare-e2e-gpu": $g}} +
-         (if $c == "" then {} else {command: ["/bin/sh", "-c", $c]} end)')
+    extra=$(jq -cn --arg n "$name" --arg g "$gpu" --arg c "$cmd" --arg k "${E2E_KUBELET_CTR:-}" '
+        ($k != "") as $kubelet
+        | {labels: ({"gpushare-e2e": $n, "gpushare-e2e-gpu": $g} +
+                    (if $kubelet then {"io.kubernetes.container.name": "main",
+                                       "io.kubernetes.pod.name": $n,
+                                       "io.kubernetes.pod.namespace": "default",
+                                       "io.kubernetes.pod.uid": ("uid-" + $n)} else {} end))}
+        + (if $kubelet then {linux: {security_context: {namespace_options: {network: 2, pid: 1}}}}
+           else {} end)
+        + (if $c == "" then {} else {command: ["/bin/sh", "-c", $c]} end)')
     [[ -n ${6:-} ]] && extra=$(jq -cn --argjson a "$extra" --argjson b "$6" '$a + $b')
     e2e_ctr_json main "$ctr_ann" "$extra" >"$E2E_ROOT/$name.ctr.json"
 }
@@ -921,6 +952,99 @@ e2e_write_pod() {
 # a rename: a reader never sees a file the workload froze half-written).
 # shellcheck disable=SC2016,SC2034 # expanded by the container's shell; used by callers
 E2E_BURN='cd /var/run/gpushare; i=0; while :; do awk "BEGIN{for(j=0;j<20000;j++);}"; i=$((i+1)); echo $i >p.tmp; mv p.tmp progress; done'
+
+# ------------------------------------------------------- GPU pod checks ----
+# The checks every mode of every runtime must pass, shared by run.sh (containerd) and crio.sh
+# (CRI-O); PORT is the agent's status endpoint, LABEL prefixes the checks' descriptions.
+
+# e2e_run_pod NAME: e2e_run_pod_with_container on E2E_ROOT/NAME.{pod,ctr}.json (e2e_write_pod);
+# prints the container id.
+e2e_run_pod() { e2e_run_pod_with_container "$E2E_ROOT/$1.pod.json" "$E2E_ROOT/$1.ctr.json"; }
+
+# e2e_in_ctr CID CMD...: CMD run in the container (crictl exec).
+e2e_in_ctr() { e2e_crictl exec "$1" "${@:2}"; }
+
+# e2e_gpu_uuid PORT GPU: the UUID of GPU index GPU in the agent's inventory.
+e2e_gpu_uuid() { e2e_agent_status "$1" inventory | jq -r ".inventory.gpus[] | select(.index == $2) | .uuid"; }
+
+# e2e_only_gpu_node CID WANT: the container's /dev/nvidiaN list is exactly WANT.
+e2e_only_gpu_node() {
+    local got
+    got=$(e2e_in_ctr "$1" ls /dev | grep -E '^nvidia[0-9]+$' | tr '\n' ' ' | sed 's/ $//' || true)
+    echo "devices: '$got' want: '$2'"
+    [[ $got == "$2" ]]
+}
+
+# e2e_no_gpu_devices CID / e2e_no_gpu_env CID: no /dev/nvidia* in the container; no NVIDIA_*,
+# GPUSHARE_* or ALIYUN_COM_GPU* variable in its main process's environment.
+e2e_no_gpu_devices() { ! e2e_in_ctr "$1" ls /dev | grep nvidia; }
+e2e_no_gpu_env() { ! e2e_init_env "$1" | grep -E '^(NVIDIA_|GPUSHARE_|ALIYUN_COM_GPU)'; }
+
+# e2e_check_gpu_pod LABEL PORT NAME GPU MEM_MIB CORE: runs pod NAME (already written) and checks
+# that its container sees GPU GPU's device node and no other GPU's, the control and UVM
+# nodes, and the environment of a MEM_MIB / CORE % share of GPU GPU.
+e2e_check_gpu_pod() {
+    local l=$1 port=$2 name=$3 gpu=$4 mem=$5 core=$6 cid uuid
+    cid=$(e2e_run_pod "$name") || { e2e_check "$l: $name created" false; return; }
+    uuid=$(e2e_gpu_uuid "$port" "$gpu")
+    e2e_check "$l: $name sees /dev/nvidia$gpu and no other GPU" e2e_only_gpu_node "$cid" "nvidia$gpu"
+    e2e_check "$l: $name has /dev/nvidiactl and /dev/nvidia-uvm" e2e_in_ctr "$cid" ls /dev/nvidiactl /dev/nvidia-uvm /dev/nvidia-uvm-tools
+    e2e_check "$l: $name NVIDIA_VISIBLE_DEVICES is GPU $gpu's UUID" e2e_env_is "$cid" NVIDIA_VISIBLE_DEVICES "$uuid"
+    e2e_check "$l: $name GPUSHARE_GPU_MEMORY_MIB=$mem" e2e_env_is "$cid" GPUSHARE_GPU_MEMORY_MIB "$mem"
+    e2e_check "$l: $name GPUSHARE_GPU_CORE_PERCENT=$core" e2e_env_is "$cid" GPUSHARE_GPU_CORE_PERCENT "$core"
+    e2e_check "$l: $name ALIYUN_COM_GPU_MEM_IDX=$gpu" e2e_env_is "$cid" ALIYUN_COM_GPU_MEM_IDX "$gpu"
+    e2e_check "$l: $name ALIYUN_COM_GPU_MEM_CONTAINER=$((mem / 1024))" e2e_env_is "$cid" ALIYUN_COM_GPU_MEM_CONTAINER "$((mem / 1024))"
+    e2e_check "$l: $name ALIYUN_COM_GPU_MEM_DEV=15" e2e_env_is "$cid" ALIYUN_COM_GPU_MEM_DEV 15
+}
+
+# e2e_create_refused PORT NAME PATTERN: runp of pod NAME (already written) succeeds, the
+# container's creation fails with PATTERN in the error, and nothing is left behind: no
+# container in the pod, nothing of pod NAME in the agent's registry. When E2E_REFUSED_AT_START
+# names a runc root — the runtime wrapper under containerd 1.6, whose runc shim runs the
+# runtime when the task is created — the decision comes at `crictl start`, and nothing may be
+# left running or known to runc under that root.
+e2e_create_refused() {
+    local port=$1 name=$2 pattern=$3 pod err rc=0 cid left runc_root=${E2E_REFUSED_AT_START:-}
+    pod=$(e2e_crictl runp "$E2E_ROOT/$name.pod.json")
+    if [[ -n $runc_root ]]; then
+        if cid=$(e2e_crictl create "$pod" "$E2E_ROOT/$name.ctr.json" "$E2E_ROOT/$name.pod.json" 2>&1); then
+            err=$(e2e_crictl start "$cid" 2>&1) || rc=$?
+            left=$(e2e_crictl ps -q --pod "$pod")
+            if runc --root "$runc_root" list -q 2>/dev/null | grep -qx "$cid"; then
+                left+=" (runc still has $cid)"
+            fi
+        else
+            rc=1 err=$cid
+        fi
+    else
+        err=$(e2e_crictl create "$pod" "$E2E_ROOT/$name.ctr.json" "$E2E_ROOT/$name.pod.json" 2>&1) || rc=$?
+        left=$(e2e_crictl ps -a -q --pod "$pod")
+    fi
+    echo "$err" | tail -1
+    e2e_crictl rmp -f "$pod" >/dev/null
+    ((rc != 0)) && grep -qF -- "$pattern" <<<"$err" && [[ -z $left ]] &&
+        ! e2e_agent_status "$port" registry | jq -e --arg p "$name" 'any(.[]; .pod_name == $p)' >/dev/null
+}
+
+# e2e_bad_inputs LABEL PORT: assignments the node must refuse, each with its message
+# (e2e_create_refused), on a node of 4 sim GPUs of 15360 MiB.
+e2e_bad_inputs() {
+    local l=$1 port=$2
+    e2e_write_pod bad-core33 "$(e2e_assignment 1 2048 33)" 2 33
+    e2e_check "$l: core 33 refused" e2e_create_refused "$port" bad-core33 "aliyun.com/gpu-core.percentage 33 is not a multiple of 5"
+    e2e_write_pod bad-core0 "$(e2e_assignment 1 2048 0)" 2 ""
+    e2e_check "$l: core 0 refused" e2e_create_refused "$port" bad-core0 "corePercent 0 is not in [5, 100]"
+    e2e_write_pod bad-core105 "$(e2e_assignment 1 2048 105)" 2 ""
+    e2e_check "$l: core 105 refused" e2e_create_refused "$port" bad-core105 "corePercent 105 is not in [5, 100]"
+    e2e_write_pod bad-gpu7 "$(e2e_assignment 7 2048 30)" 2 30
+    e2e_check "$l: GPU index 7 refused on a 4-GPU node" e2e_create_refused "$port" bad-gpu7 "gpuIndex 7 does not exist on this node (4 GPUs: 0-3)"
+    e2e_write_pod bad-mem "$(e2e_assignment 1 20480 30)" 20 30
+    e2e_check "$l: memory larger than the GPU refused" e2e_create_refused "$port" bad-mem "memoryMiB 20480 exceeds the memory of GPU 1 (15360 MiB)"
+    e2e_write_pod bad-json '{"version":1,"containers":' 2 30
+    e2e_check "$l: malformed assignment JSON refused" e2e_create_refused "$port" bad-json "gpushare.io/assignment is not valid JSON"
+    e2e_write_pod bad-missing "" 2 30
+    e2e_check "$l: missing assignment with granted gpu-mem refused" e2e_create_refused "$port" bad-missing "has no gpushare.io/assignment annotation"
+}
 
 # --------------------------------------------------------------- checks ----
 # e2e_check DESC CMD...: run CMD in the current shell (so functions work and

@@ -53,8 +53,6 @@ kill_agent() {
     AGENT_PID=
 }
 
-gpu_uuid() { status inventory | jq -r ".inventory.gpus[] | select(.index == $1) | .uuid"; }
-
 PROBE_MOUNTS=$(e2e_probe_mounts "$REL")
 
 probe_says() { # CID EXPECTED-LINE ARGS...: one output line of `gpu-probe ARGS` is EXPECTED
@@ -100,23 +98,13 @@ limiter_checks() {
         test ! -e "$E2E_ROOT/state/limiter/$cid"
 }
 
-run_pod() { # NAME → prints container id
-    e2e_run_pod_with_container "$E2E_ROOT/$1.pod.json" "$E2E_ROOT/$1.ctr.json"
-}
-
-in_ctr() { e2e_crictl exec "$1" "${@:2}"; }
-
-only_gpu_node() { # CID WANT: the container's /dev/nvidiaN list is exactly WANT
-    local got
-    got=$(in_ctr "$1" ls /dev | grep -E '^nvidia[0-9]+$' | tr '\n' ' ' | sed 's/ $//' || true)
-    echo "devices: '$got' want: '$2'"
-    [[ $got == "$2" ]]
-}
-
-
-no_gpu_devices() { # CID
-    ! in_ctr "$1" ls /dev | grep nvidia
-}
+# The GPU pod checks and their helpers live in lib.sh (shared with crio.sh).
+run_pod() { e2e_run_pod "$1"; }
+in_ctr() { e2e_in_ctr "$@"; }
+check_gpu_pod() { e2e_check_gpu_pod "$V" "$PORT" "$@"; } # NAME GPU MEM_MIB CORE
+# Refusals, with the 1.6 wrapper's decision at `crictl start` (E2E_REFUSED_AT_START).
+create_refused() { e2e_create_refused "$PORT" "$@"; } # NAME PATTERN
+bad_inputs() { e2e_bad_inputs "$V" "$PORT"; }
 
 cleared_env() { # CID NAME...: each variable is unset or empty in the container (NRI cannot
     # remove a variable from the spec, only set it)
@@ -132,74 +120,12 @@ cleared_env() { # CID NAME...: each variable is unset or empty in the container 
 
 NVIDIA_ALL_ENV='{"envs":[{"key":"NVIDIA_VISIBLE_DEVICES","value":"all"},{"key":"NVIDIA_MIG_CONFIG_DEVICES","value":"all"},{"key":"NVIDIA_DRIVER_CAPABILITIES","value":"all"},{"key":"CUDA_MPS_PIPE_DIRECTORY","value":"/tmp/mps"}]}'
 
-no_gpu_env() { # CID
-    ! e2e_init_env "$1" | grep -E '^(NVIDIA_|GPUSHARE_|ALIYUN_COM_GPU)'
-}
-
-# create_refused NAME PATTERN: runp succeeds, create fails with PATTERN in the error, and
-# nothing is left behind: no container in the pod, nothing in the agent's registry. Through
-# the runtime wrapper (1.6) the decision comes when the task is created — `crictl start` —
-# and nothing may be left running or known to runc.
-create_refused() {
-    local name=$1 pattern=$2 pod err rc=0 cid left
-    pod=$(e2e_crictl runp "$E2E_ROOT/$name.pod.json")
-    if [[ $V == 1.6 ]]; then
-        if cid=$(e2e_crictl create "$pod" "$E2E_ROOT/$name.ctr.json" "$E2E_ROOT/$name.pod.json" 2>&1); then
-            err=$(e2e_crictl start "$cid" 2>&1) || rc=$?
-            left=$(e2e_crictl ps -q --pod "$pod")
-            if runc --root "$E2E_ROOT/runc/k8s.io" list -q 2>/dev/null | grep -qx "$cid"; then
-                left+=" (runc still has $cid)"
-            fi
-        else
-            rc=1 err=$cid
-        fi
-    else
-        err=$(e2e_crictl create "$pod" "$E2E_ROOT/$name.ctr.json" "$E2E_ROOT/$name.pod.json" 2>&1) || rc=$?
-        left=$(e2e_crictl ps -a -q --pod "$pod")
-    fi
-    echo "$err" | tail -1
-    e2e_crictl rmp -f "$pod" >/dev/null
-    ((rc != 0)) && grep -qF -- "$pattern" <<<"$err" && [[ -z $left ]] &&
-        ! status registry | jq -e --arg p "$name" 'any(.[]; .pod_name == $p)' >/dev/null
-}
-
 registry_matches_crictl() {
     local reg run
     reg=$(status registry | jq -r '[.[] | select(.state != "stopped") | .id] | sort | .[]')
     run=$(e2e_crictl ps -q --label gpushare-e2e-gpu=true | sort)
     echo "registry: $(echo $reg) crictl: $(echo $run)"
     [[ -n $reg && $reg == "$run" ]]
-}
-
-check_gpu_pod() { # NAME GPU MEM_MIB CORE  (pod already written)
-    local name=$1 gpu=$2 mem=$3 core=$4 cid uuid
-    cid=$(run_pod "$name") || { e2e_check "$V: $name created" false; return; }
-    uuid=$(gpu_uuid "$gpu")
-    e2e_check "$V: $name sees /dev/nvidia$gpu and no other GPU" only_gpu_node "$cid" "nvidia$gpu"
-    e2e_check "$V: $name has /dev/nvidiactl and /dev/nvidia-uvm" in_ctr "$cid" ls /dev/nvidiactl /dev/nvidia-uvm /dev/nvidia-uvm-tools
-    e2e_check "$V: $name NVIDIA_VISIBLE_DEVICES is GPU $gpu's UUID" e2e_env_is "$cid" NVIDIA_VISIBLE_DEVICES "$uuid"
-    e2e_check "$V: $name GPUSHARE_GPU_MEMORY_MIB=$mem" e2e_env_is "$cid" GPUSHARE_GPU_MEMORY_MIB "$mem"
-    e2e_check "$V: $name GPUSHARE_GPU_CORE_PERCENT=$core" e2e_env_is "$cid" GPUSHARE_GPU_CORE_PERCENT "$core"
-    e2e_check "$V: $name ALIYUN_COM_GPU_MEM_IDX=$gpu" e2e_env_is "$cid" ALIYUN_COM_GPU_MEM_IDX "$gpu"
-    e2e_check "$V: $name ALIYUN_COM_GPU_MEM_CONTAINER=$((mem / 1024))" e2e_env_is "$cid" ALIYUN_COM_GPU_MEM_CONTAINER "$((mem / 1024))"
-    e2e_check "$V: $name ALIYUN_COM_GPU_MEM_DEV=15" e2e_env_is "$cid" ALIYUN_COM_GPU_MEM_DEV 15
-}
-
-bad_inputs() {
-    e2e_write_pod bad-core33 "$(e2e_assignment 1 2048 33)" 2 33
-    e2e_check "$V: core 33 refused" create_refused bad-core33 "aliyun.com/gpu-core.percentage 33 is not a multiple of 5"
-    e2e_write_pod bad-core0 "$(e2e_assignment 1 2048 0)" 2 ""
-    e2e_check "$V: core 0 refused" create_refused bad-core0 "corePercent 0 is not in [5, 100]"
-    e2e_write_pod bad-core105 "$(e2e_assignment 1 2048 105)" 2 ""
-    e2e_check "$V: core 105 refused" create_refused bad-core105 "corePercent 105 is not in [5, 100]"
-    e2e_write_pod bad-gpu7 "$(e2e_assignment 7 2048 30)" 2 30
-    e2e_check "$V: GPU index 7 refused on a 4-GPU node" create_refused bad-gpu7 "gpuIndex 7 does not exist on this node (4 GPUs: 0-3)"
-    e2e_write_pod bad-mem "$(e2e_assignment 1 20480 30)" 20 30
-    e2e_check "$V: memory larger than the GPU refused" create_refused bad-mem "memoryMiB 20480 exceeds the memory of GPU 1 (15360 MiB)"
-    e2e_write_pod bad-json '{"version":1,"containers":' 2 30
-    e2e_check "$V: malformed assignment JSON refused" create_refused bad-json "gpushare.io/assignment is not valid JSON"
-    e2e_write_pod bad-missing "" 2 30
-    e2e_check "$V: missing assignment with granted gpu-mem refused" create_refused bad-missing "has no gpushare.io/assignment annotation"
 }
 
 # The seed's step 3: the same busy-loop workload (E2E_BURN), unconstrained (100 %) on GPU 0 and
@@ -258,7 +184,7 @@ runtime_only_checks() {
 for V in "${VERSIONS[@]}"; do
     echo "=== containerd $V ==="
     root=$(mktemp -d /tmp/gpushare-e2e.XXXXXX)
-    unset E2E_RUNC GPUSHARE_RUNTIME_CONFIG
+    unset E2E_RUNC GPUSHARE_RUNTIME_CONFIG E2E_REFUSED_AT_START
     if [[ $V == 1.6 ]]; then
         # containerd's runc shim runs `gpushare-runtime` (the wrapper's own binary) as its
         # runc; the wrapper's config reaches it through containerd's environment.
@@ -270,6 +196,8 @@ for V in "${VERSIONS[@]}"; do
     fi
     e2e_require "$V: containerd starts" e2e_start_containerd "$V" "$root"
     if [[ $V == 1.6 ]]; then
+        # The runc shim runs the wrapper when the task is created: refusals come at start.
+        E2E_REFUSED_AT_START=$E2E_ROOT/runc/k8s.io
         e2e_require "$V: agent serves the runtime wrapper on $E2E_ROOT/runtime.sock" start_agent
         e2e_check "$V: the runtime socket is root's only (0600)" \
             test "$(stat -c %a "$E2E_ROOT/runtime.sock")" = 600
@@ -285,8 +213,8 @@ for V in "${VERSIONS[@]}"; do
 
     e2e_write_pod plain "" "" ""
     if cid=$(run_pod plain); then
-        e2e_check "$V: pod without GPU requests sees no /dev/nvidia*" no_gpu_devices "$cid"
-        e2e_check "$V: pod without GPU requests gets no GPU env" no_gpu_env "$cid"
+        e2e_check "$V: pod without GPU requests sees no /dev/nvidia*" e2e_no_gpu_devices "$cid"
+        e2e_check "$V: pod without GPU requests gets no GPU env" e2e_no_gpu_env "$cid"
     else
         e2e_check "$V: pod without GPU requests created" false
     fi
@@ -296,7 +224,7 @@ for V in "${VERSIONS[@]}"; do
         e2e_check "$V: no-GPU container with NVIDIA_VISIBLE_DEVICES=all gets void" e2e_env_is "$cid" NVIDIA_VISIBLE_DEVICES void
         e2e_check "$V: … and its other NVIDIA_*/CUDA_MPS_* variables are cleared" cleared_env "$cid" \
             NVIDIA_MIG_CONFIG_DEVICES NVIDIA_DRIVER_CAPABILITIES CUDA_MPS_PIPE_DIRECTORY
-        e2e_check "$V: … and it sees no /dev/nvidia*" no_gpu_devices "$cid"
+        e2e_check "$V: … and it sees no /dev/nvidia*" e2e_no_gpu_devices "$cid"
     else
         e2e_check "$V: no-GPU container with NVIDIA_VISIBLE_DEVICES=all created" false
     fi
