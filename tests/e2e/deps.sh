@@ -2,8 +2,9 @@
 # Installs what the e2e tests and the demo need from Debian's packages when it is missing:
 # runc (containerd's runtime), busybox-static (the local images), jq and curl, Debian's own
 # containerd 1.6 (no NRI: the runtime wrapper's e2e) and podman 4.3 (the OCI hooks' e2e,
-# tests/e2e/hooks.sh). containerd 2.x and 1.7 and crictl are built from the Go module proxy
-# by lib.sh (e2e_build_peers).
+# tests/e2e/hooks.sh), and for CRI-O (tests/e2e/crio.sh) conmon, skopeo and what building
+# CRI-O (cgo with libseccomp) and its static pinns needs. containerd 2.x and 1.7, crictl and
+# CRI-O are built from the Go module proxy by lib.sh (e2e_build_peers) and crio.sh.
 set -euo pipefail
 need=()
 command -v runc >/dev/null || need+=(runc)
@@ -12,6 +13,12 @@ command -v jq >/dev/null || need+=(jq)
 command -v curl >/dev/null || need+=(curl)
 [[ -x /usr/bin/containerd && -x /usr/bin/containerd-shim-runc-v2 ]] || need+=(containerd)
 command -v podman >/dev/null || need+=(podman)
+command -v conmon >/dev/null || need+=(conmon)
+command -v skopeo >/dev/null || need+=(skopeo)
+dpkg -s libseccomp-dev >/dev/null 2>&1 || need+=(libseccomp-dev)
+command -v pkg-config >/dev/null || need+=(pkg-config)
+command -v gcc >/dev/null || need+=(gcc)
+dpkg -s libc6-dev >/dev/null 2>&1 || need+=(libc6-dev)
 command -v go >/dev/null || need+=(golang-go)
 command -v objdump >/dev/null || need+=(binutils)
 command -v pip3 >/dev/null || need+=(python3-pip)
