@@ -76,6 +76,11 @@ pub struct NodeConfig {
     /// Connect to the runtime over NRI. `false` for runtimes without NRI, which reach the
     /// agent through `gpushare runtime` / `gpushare hook` and `[runtime_api]` only.
     pub nri: bool,
+    /// How long a GPU container admitted over NRI may go without the runtime confirming it
+    /// (NRI PostCreateContainer, StartContainer, StopContainer or RemoveContainer) before the
+    /// agent looks for its cgroup, releasing it if there is none: CRI-O sends nothing when
+    /// the OCI runtime's `create` fails after NRI admitted the container.
+    pub nri_confirm_grace_ms: u64,
     pub gpu_backend: GpuBackend,
     /// Where the GPU device nodes are; `/dev` for NVML, [`SIM_DEV_ROOT`] for `sim`.
     pub dev_root: Option<PathBuf>,
@@ -185,6 +190,7 @@ impl Default for NodeConfig {
             plugin_index: "10".into(),
             nri_socket: PathBuf::from("/var/run/nri/nri.sock"),
             nri: true,
+            nri_confirm_grace_ms: 60_000,
             gpu_backend: GpuBackend::Nvml,
             dev_root: None,
             proc_root: PathBuf::from("/proc"),

@@ -252,6 +252,9 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<()> {
                 None => std::future::pending().await,
             }
         };
+        if cfg.nri {
+            tokio::spawn(release_unconfirmed(node.clone()));
+        }
         let nri = async {
             if cfg.nri {
                 plugin::run_external(&socket, reg, node.clone()).await
@@ -334,6 +337,23 @@ async fn sweep_unstarted(
         if let Ok(Err(e)) = swept {
             tracing::warn!(error = %e, "cannot look for the precreate hook's containers in runc's state");
         }
+    }
+}
+
+/// Every second: GPU containers admitted over NRI that the runtime never created are
+/// released once `nri_confirm_grace_ms` has passed (`Node::release_unconfirmed`).
+async fn release_unconfirmed(node: Arc<Node>) {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        if !node.has_unconfirmed() {
+            continue;
+        }
+        let n = node.clone();
+        let _ =
+            tokio::task::spawn_blocking(move || n.release_unconfirmed(std::time::Instant::now()))
+                .await;
     }
 }
 
@@ -427,6 +447,7 @@ pub fn run_preinstalled(fd: &str) -> anyhow::Result<()> {
                 }
             })
         });
+        tokio::spawn(release_unconfirmed(node.clone()));
         let reason = plugin::run_preinstalled(fd, Registration { name, index }, node).await?;
         tracing::info!(%reason, "runtime closed the plugin connection; exiting");
         Ok(())

@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
@@ -19,6 +19,7 @@ use crate::nri::api::nri_api::{
 use crate::nri::convert;
 use crate::nri::service::{Handler, HandlerError, event_mask};
 use crate::registry::{ContainerRecord, ContainerState, Registry};
+use crate::runtime::pending::Pending;
 use crate::throttle::controller::{ControllerLink, Running, ThrottleStats};
 use gpushare_core::adjust::{self, AdjustOptions};
 use gpushare_core::inventory::DeviceSet;
@@ -48,6 +49,9 @@ pub struct AgentState {
     /// Enforcement backend `mps`: the host directory holding one MPS pipe directory per GPU.
     #[serde(skip)]
     pub mps_pipe_root: Option<String>,
+    /// `nri_confirm_grace_ms`: how long an NRI admission may stay unconfirmed by the runtime.
+    #[serde(skip)]
+    pub confirm_grace: Duration,
 }
 
 /// Where the in-container limiter's files live on the host.
@@ -195,6 +199,7 @@ impl AgentState {
             limiter: None,
             enforce_quotas: false,
             mps_pipe_root: None,
+            confirm_grace: Duration::from_secs(60),
         }
     }
 
@@ -238,6 +243,7 @@ impl AgentState {
             enforce_quotas: cfg.throttle.enabled,
             mps_pipe_root: (cfg.enforcement == Enforcement::Mps)
                 .then(|| cfg.mps_pipe_root.to_string_lossy().into_owned()),
+            confirm_grace: Duration::from_millis(cfg.nri_confirm_grace_ms),
         })
     }
 }
@@ -417,6 +423,9 @@ pub struct Node {
     /// Why the quotas cannot be enforced on this node (the controller could not start); GPU
     /// containers are refused with it.
     enforcement_down: RwLock<Option<String>>,
+    /// GPU containers admitted over NRI that the runtime has not confirmed yet
+    /// ([`Node::release_unconfirmed`]).
+    unconfirmed: Pending,
 }
 
 impl Node {
@@ -433,6 +442,7 @@ impl Node {
             on_runtime_config: Box::new(|_, _| {}),
             throttle: Default::default(),
             enforcement_down: RwLock::new(None),
+            unconfirmed: Pending::new(Duration::from_secs(60)),
         }
     }
 
@@ -451,6 +461,7 @@ impl Node {
             on_runtime_config: Box::new(on_config),
             throttle: Default::default(),
             enforcement_down: RwLock::new(None),
+            unconfirmed: Pending::new(Duration::from_secs(60)),
         }
     }
 
@@ -481,6 +492,49 @@ impl Node {
 
     pub fn throttle_stats(&self) -> Option<Arc<ThrottleStats>> {
         self.throttle.get().map(|a| a.stats.clone())
+    }
+
+    /// The GPU containers admitted over NRI more than `nri_confirm_grace_ms` before `now`
+    /// that the runtime has not confirmed since (no PostCreateContainer, StartContainer,
+    /// StopContainer, RemoveContainer or Synchronize naming them) and that have no cgroup:
+    /// taken off the books, as if removed. CRI-O sends no NRI event when the OCI runtime's
+    /// `create` fails after NRI admitted the container (its undo covers only failures before
+    /// the runtime is called), so without this their GPU share stayed committed until the
+    /// agent restarted. A container whose cgroup exists is kept (the runtime did create it);
+    /// one whose cgroup cannot be looked at (no throttling controller, no cgroups path) is
+    /// kept too: a phantom share wastes capacity, a wrong release would over-commit the GPU.
+    /// Returns the ids released.
+    pub fn release_unconfirmed(&self, now: Instant) -> Vec<String> {
+        if self.unconfirmed.is_empty() {
+            return Vec::new();
+        }
+        let Some(state) = self.state() else {
+            return Vec::new();
+        };
+        let mut released = Vec::new();
+        for id in self.unconfirmed.due_after(now, state.confirm_grace) {
+            self.unconfirmed.settled(&id);
+            let Some(rec) = self.registry.get(&id) else {
+                continue;
+            };
+            let created = match (self.throttle.get(), rec.cgroups_path.is_empty()) {
+                (Some(a), false) => a.link.cgroup_exists(&rec.cgroups_path).unwrap_or(true),
+                _ => true,
+            };
+            if created {
+                tracing::info!(%id, "unconfirmed by the runtime, but its cgroup exists: kept");
+                continue;
+            }
+            tracing::warn!(%id, pod = %format!("{}/{}", rec.pod_namespace, rec.pod_name), grace = ?state.confirm_grace, "admitted over NRI, never created by the runtime (no event, no cgroup): released");
+            self.remove_container(&PodSandbox::default(), &crate::runtime::api::by_id(&id));
+            released.push(id);
+        }
+        released
+    }
+
+    /// Whether any NRI admission waits for the runtime's confirmation.
+    pub fn has_unconfirmed(&self) -> bool {
+        !self.unconfirmed.is_empty()
     }
 
     fn release(&self, id: &str) {
@@ -814,6 +868,7 @@ impl Handler for Node {
         }
         Ok(event_mask(&[
             Event::CREATE_CONTAINER,
+            Event::POST_CREATE_CONTAINER,
             Event::START_CONTAINER,
             Event::UPDATE_CONTAINER,
             Event::STOP_CONTAINER,
@@ -869,6 +924,8 @@ impl Handler for Node {
                 "registry rebuilt from runtime state"
             );
             self.registry.replace_all(records);
+            // The runtime's own list: what it did not create is gone from the books now.
+            self.unconfirmed.clear();
             self.stats.syncs.fetch_add(1, Ordering::Relaxed);
             self.stats.synced.store(true, Ordering::Release);
         }
@@ -880,11 +937,26 @@ impl Handler for Node {
         pod: &PodSandbox,
         ctr: &Container,
     ) -> Result<Option<ContainerAdjustment>, HandlerError> {
-        Ok(self.admit(pod, ctr)?.map(|adj| convert::adjustment(&adj)))
+        let adj = self.admit(pod, ctr)?;
+        if adj.is_some() && self.registry.get(&ctr.id).is_some() {
+            self.unconfirmed.admitted(&ctr.id, Instant::now());
+        }
+        Ok(adj.map(|adj| convert::adjustment(&adj)))
+    }
+
+    fn post_create_container(&self, _pod: &PodSandbox, ctr: &Container) {
+        self.unconfirmed.settled(&ctr.id);
     }
 
     fn start_container(&self, _pod: &PodSandbox, ctr: &Container) {
+        self.unconfirmed.settled(&ctr.id);
         self.registry.set_state(&ctr.id, ContainerState::Running);
+        // Between `runc create` and `runc start`: the controller takes it on now.
+        if let Some(a) = self.throttle.get()
+            && self.registry.get(&ctr.id).is_some()
+        {
+            a.link.starting();
+        }
     }
 
     fn update_container(&self, _pod: &PodSandbox, _ctr: &Container) -> Result<(), HandlerError> {
@@ -892,6 +964,7 @@ impl Handler for Node {
     }
 
     fn stop_container(&self, _pod: &PodSandbox, ctr: &Container) {
+        self.unconfirmed.settled(&ctr.id);
         self.registry.set_state(&ctr.id, ContainerState::Stopped);
         self.release(&ctr.id);
         self.unaccounted
@@ -901,6 +974,7 @@ impl Handler for Node {
     }
 
     fn remove_container(&self, _pod: &PodSandbox, ctr: &Container) {
+        self.unconfirmed.settled(&ctr.id);
         self.release(&ctr.id);
         self.unaccounted
             .lock()
@@ -1016,5 +1090,56 @@ mod tests {
         .unwrap();
         assert_eq!(node.registry.snapshot().len(), 1);
         assert!(node.create_container(&pod, &main).unwrap().is_some());
+    }
+
+    /// CRI-O sends no NRI event when the OCI runtime's `create` fails after NRI admitted the
+    /// container: once the grace has passed, an unconfirmed GPU container without a cgroup is
+    /// released; one the runtime confirmed, or whose cgroup exists, stays.
+    #[test]
+    fn an_admission_the_runtime_never_created_is_released() {
+        use crate::nri::api::nri_api::LinuxContainer;
+        use crate::throttle::cgroup::{CgroupFs, CgroupVersion};
+        let mut state = AgentState::in_memory("n");
+        state.confirm_grace = Duration::from_secs(5);
+        let node = Node::new(state);
+        let root = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(root.path().join("freezer/k8s/kept")).unwrap();
+        let fs = CgroupFs::new(root.path(), CgroupVersion::V1);
+        node.attach(
+            Arc::new(ThrottleStats::default()),
+            Arc::new(ControllerLink::new(fs)),
+            Arc::new(AtomicBool::new(true)),
+        );
+        let assignment = r#"{"version":1,"containers":{"failed":[{"gpuIndex":0,"memoryMiB":2048,"corePercent":10}],"kept":[{"gpuIndex":0,"memoryMiB":2048,"corePercent":10}],"confirmed":[{"gpuIndex":0,"memoryMiB":2048,"corePercent":10}]}}"#;
+        let pod = PodSandbox {
+            annotations: [(ASSIGNMENT_ANNOTATION.to_string(), assignment.to_string())].into(),
+            ..staged_pod()
+        };
+        let with_cgroup = |id: &str| {
+            let mut c = ctr(id, id, "2", "10", NriState::CONTAINER_CREATED);
+            c.linux = Some(LinuxContainer {
+                cgroups_path: format!("/k8s/{id}"),
+                ..Default::default()
+            })
+            .into();
+            c
+        };
+        let t0 = Instant::now();
+        for id in ["failed", "kept", "confirmed"] {
+            assert!(
+                node.create_container(&pod, &with_cgroup(id))
+                    .unwrap()
+                    .is_some()
+            );
+        }
+        node.post_create_container(&pod, &with_cgroup("confirmed"));
+        assert!(node.release_unconfirmed(t0).is_empty(), "within the grace");
+        let later = Instant::now() + Duration::from_secs(5);
+        assert_eq!(node.release_unconfirmed(later), vec!["failed".to_string()]);
+        let mut ids: Vec<String> = node.registry.snapshot().into_iter().map(|r| r.id).collect();
+        ids.sort();
+        assert_eq!(ids, vec!["confirmed", "kept"]);
+        assert!(!node.has_unconfirmed(), "each looked at once");
+        assert!(node.release_unconfirmed(later).is_empty());
     }
 }

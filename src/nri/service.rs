@@ -8,10 +8,11 @@ use ttrpc::r#async::TtrpcContext;
 
 use super::api::nri_api::{
     ConfigureRequest, ConfigureResponse, Container, ContainerAdjustment, CreateContainerRequest,
-    CreateContainerResponse, Empty, Event, PodSandbox, RemoveContainerRequest,
-    RemoveContainerResponse, StartContainerRequest, StartContainerResponse, StateChangeEvent,
-    StopContainerRequest, StopContainerResponse, SynchronizeRequest, SynchronizeResponse,
-    UpdateContainerRequest, UpdateContainerResponse,
+    CreateContainerResponse, Empty, Event, PodSandbox, PostCreateContainerRequest,
+    PostCreateContainerResponse, RemoveContainerRequest, RemoveContainerResponse,
+    StartContainerRequest, StartContainerResponse, StateChangeEvent, StopContainerRequest,
+    StopContainerResponse, SynchronizeRequest, SynchronizeResponse, UpdateContainerRequest,
+    UpdateContainerResponse,
 };
 use super::api::nri_api_ttrpc::Plugin;
 
@@ -63,6 +64,8 @@ pub trait Handler: Send + Sync + 'static {
         pod: &PodSandbox,
         ctr: &Container,
     ) -> Result<Option<ContainerAdjustment>, HandlerError>;
+    /// The runtime created the container (default: nothing to do).
+    fn post_create_container(&self, _pod: &PodSandbox, _ctr: &Container) {}
     fn start_container(&self, pod: &PodSandbox, ctr: &Container);
     fn update_container(&self, pod: &PodSandbox, ctr: &Container) -> Result<(), HandlerError>;
     fn stop_container(&self, pod: &PodSandbox, ctr: &Container);
@@ -124,6 +127,15 @@ impl<H: Handler> Plugin for NriPluginService<H> {
         })
     }
 
+    async fn post_create_container(
+        &self,
+        _ctx: &TtrpcContext,
+        req: PostCreateContainerRequest,
+    ) -> ttrpc::Result<PostCreateContainerResponse> {
+        self.handler.post_create_container(&req.pod, &req.container);
+        Ok(PostCreateContainerResponse::default())
+    }
+
     async fn start_container(
         &self,
         _ctx: &TtrpcContext,
@@ -168,6 +180,7 @@ impl<H: Handler> Plugin for NriPluginService<H> {
     ) -> ttrpc::Result<Empty> {
         let (pod, ctr) = (&req.pod, &req.container);
         match req.event.enum_value() {
+            Ok(Event::POST_CREATE_CONTAINER) => self.handler.post_create_container(pod, ctr),
             Ok(Event::START_CONTAINER) => self.handler.start_container(pod, ctr),
             Ok(Event::STOP_CONTAINER) => self.handler.stop_container(pod, ctr),
             Ok(Event::REMOVE_CONTAINER) => self.handler.remove_container(pod, ctr),

@@ -6,6 +6,9 @@
 //!
 //! The wrapper needs none of this: it sees runc's `create` fail and takes the container off
 //! the books itself.
+//!
+//! The NRI path keeps one too ([`crate::node::Node::release_unconfirmed`]): CRI-O sends no
+//! NRI event when the OCI runtime's `create` fails after NRI admitted the container.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
@@ -42,14 +45,29 @@ impl Pending {
         self.since.lock().expect("pending lock").remove(id);
     }
 
+    /// Nothing to watch any more (the runtime's whole state was read).
+    pub fn clear(&self) {
+        self.since.lock().expect("pending lock").clear();
+    }
+
+    /// Whether anything is watched.
+    pub fn is_empty(&self) -> bool {
+        self.since.lock().expect("pending lock").is_empty()
+    }
+
     /// The handles admitted more than the grace period before `now` and not settled since.
     pub fn due(&self, now: Instant) -> Vec<String> {
+        self.due_after(now, self.grace)
+    }
+
+    /// The handles admitted more than `grace` before `now` and not settled since.
+    pub fn due_after(&self, now: Instant, grace: Duration) -> Vec<String> {
         let mut due: Vec<String> = self
             .since
             .lock()
             .expect("pending lock")
             .iter()
-            .filter(|(_, t)| now.saturating_duration_since(**t) >= self.grace)
+            .filter(|(_, t)| now.saturating_duration_since(**t) >= grace)
             .map(|(id, _)| id.clone())
             .collect();
         due.sort();

@@ -46,6 +46,38 @@ pub enum ControllerError {
 pub trait Clock: Send {
     fn now(&self) -> Instant;
     fn sleep(&self, d: Duration);
+    /// Sleeps for `d` or until `wake` is raised, whichever comes first; returns whether it
+    /// was woken (and lowers the flag). Clocks of tests only sleep.
+    fn sleep_or_wake(&self, d: Duration, wake: &Wake) -> bool {
+        let _ = wake;
+        self.sleep(d);
+        false
+    }
+}
+
+/// A flag the controller thread waits on between the steps of a period: raised when a
+/// container is about to start, so that it is taken on at once.
+#[derive(Debug, Default)]
+pub struct Wake {
+    raised: Mutex<bool>,
+    cv: std::sync::Condvar,
+}
+
+impl Wake {
+    pub fn raise(&self) {
+        *self.raised.lock().expect("wake lock") = true;
+        self.cv.notify_one();
+    }
+
+    /// Waits at most `d` for the flag; true (and the flag lowered) when it was raised.
+    pub fn wait(&self, d: Duration) -> bool {
+        let raised = self.raised.lock().expect("wake lock");
+        let (mut raised, _) = self
+            .cv
+            .wait_timeout_while(raised, d, |r| !*r)
+            .expect("wake lock");
+        std::mem::replace(&mut *raised, false)
+    }
 }
 
 /// [`Instant::now`] and [`std::thread::sleep`].
@@ -59,6 +91,10 @@ impl Clock for SystemClock {
 
     fn sleep(&self, d: Duration) {
         std::thread::sleep(d)
+    }
+
+    fn sleep_or_wake(&self, d: Duration, wake: &Wake) -> bool {
+        wake.wait(d)
     }
 }
 
@@ -140,6 +176,8 @@ pub struct ControllerLink {
     released: Mutex<std::collections::HashSet<String>>,
     /// Bumped by every release, like the registry's generation.
     generation: std::sync::atomic::AtomicU64,
+    /// Raised by [`ControllerLink::starting`].
+    wake: Wake,
 }
 
 impl ControllerLink {
@@ -148,7 +186,18 @@ impl ControllerLink {
             fs,
             released: Mutex::new(Default::default()),
             generation: Default::default(),
+            wake: Wake::default(),
         }
+    }
+
+    /// A registered container is about to start (NRI StartContainer, which containerd sends
+    /// between `runc create` and `runc start`; the runtime wrapper's `start`): the controller
+    /// ends its period at once and begins the next, so the container is taken on, its
+    /// process (`runc init`, still waiting) moved into the throttled child and given the
+    /// period's first window before it runs — not after up to a period at full speed. Does
+    /// not wait for the controller.
+    pub fn starting(&self) {
+        self.wake.raise();
     }
 
     /// The container is stopping or gone: thaw it now (a frozen process cannot receive the
@@ -181,6 +230,11 @@ impl ControllerLink {
                 .map_err(|e| format!("{}: {e}", c.freezer_dir().display()))?;
         }
         Ok(sent)
+    }
+
+    /// Whether the container cgroup at `cgroups_path` exists (`None`: the path is invalid).
+    pub fn cgroup_exists(&self, cgroups_path: &str) -> Option<bool> {
+        self.fs.container(cgroups_path).ok().map(|cg| cg.exists())
     }
 
     fn is_released(&self, id: &str) -> bool {
@@ -640,8 +694,10 @@ impl Controller {
         }
     }
 
-    /// One period: sample, plan, and carry the plan out until `deadline`.
-    fn period(&mut self, start: Instant, period: Duration, stop: &AtomicBool) {
+    /// One period: sample, plan, and carry the plan out until `start + period`. Returns
+    /// early (true) when a container is starting ([`ControllerLink::starting`]): the next
+    /// period then begins at once.
+    fn period(&mut self, start: Instant, period: Duration, stop: &AtomicBool) -> bool {
         let before: usize = self.handles.len();
         self.sync_members();
         let n = self.periods;
@@ -709,11 +765,13 @@ impl Controller {
         let ids: Vec<String> = self.handles.keys().cloned().collect();
         for t in boundaries {
             let at = start + period.mul_f64(t);
-            if let Some(wait) = at.checked_duration_since(self.clock.now()) {
-                self.clock.sleep(wait);
+            if let Some(wait) = at.checked_duration_since(self.clock.now())
+                && self.clock.sleep_or_wake(wait, &self.link.wake)
+            {
+                return true;
             }
             if stop.load(Ordering::Relaxed) {
-                return;
+                return false;
             }
             let now = self.clock.now();
             // Thaw first, then freeze, so a hand-over between two containers never leaves
@@ -737,8 +795,9 @@ impl Controller {
         }
         let end = start + period;
         if let Some(wait) = end.checked_duration_since(self.clock.now()) {
-            self.clock.sleep(wait);
+            return self.clock.sleep_or_wake(wait, &self.link.wake);
         }
+        false
     }
 
     /// Runs until `stop` is set; thaws everything on the way out, including on panic.
@@ -753,12 +812,21 @@ impl Controller {
             let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                 self.period(start, period, &stop)
             }));
-            if result.is_err() {
-                tracing::error!("controller period panicked; thawing everything");
-                let _guard = ThawOnDrop(&mut self.handles);
-            }
-            // Periods are back to back; after a stall, start afresh rather than catch up.
-            next = (start + period).max(self.clock.now());
+            let woken = match result {
+                Ok(woken) => woken,
+                Err(_) => {
+                    tracing::error!("controller period panicked; thawing everything");
+                    let _guard = ThawOnDrop(&mut self.handles);
+                    false
+                }
+            };
+            // Periods are back to back; after a stall, start afresh rather than catch up; a
+            // container starting cuts the period short.
+            next = if woken {
+                self.clock.now()
+            } else {
+                (start + period).max(self.clock.now())
+            };
         }
         let _guard = ThawOnDrop(&mut self.handles);
         tracing::info!("controller stopped; all containers thawed");

@@ -42,6 +42,7 @@ command -v skopeo >/dev/null || { echo "e2e-crio: skopeo missing (tests/e2e/deps
 MODES=("$@")
 ((${#MODES[@]})) || MODES=(nri wrapper)
 PORT=${GPUSHARE_E2E_CRIO_PORT:-19480}
+CONFIRM_GRACE_MS=3000
 REL=$(dirname "$BIN")
 # Every pod's command: sleeps, and exits on SIGTERM (a shell as PID 1 ignores it otherwise,
 # and CRI-O waits its stop timeout before it kills).
@@ -283,6 +284,11 @@ hooks_refused() {
 # -------------------------------------------------------------- agent ----
 start_agent() { # MODE
     local link=()
+    if [[ $1 == nri ]]; then
+        # A short confirmation grace, for unconfirmed_released.
+        printf 'nri_confirm_grace_ms = %s\n' "$CONFIRM_GRACE_MS" >"$E2E_ROOT/node.toml"
+        link=(--config "$E2E_ROOT/node.toml")
+    fi
     if [[ $1 == wrapper ]]; then
         # The wrapper reaches the agent on its local socket; the registry is rebuilt from runc's
         # state at start.
@@ -333,6 +339,51 @@ gone_from_registry() { # CID: within 5 s
     return 1
 }
 
+# CRI-O sends no NRI event when the OCI runtime's create fails after NRI admitted the
+# container; here its command is not in the image (runc's create looks it up). The agent has
+# it on its books right after the failure, and releases it once nri_confirm_grace_ms has
+# passed, since it has no cgroup.
+unconfirmed_released() {
+    local pod err i rc=1
+    e2e_write_pod nocmd "$(e2e_assignment 0 2048 30)" 2 30 "" '{"command": ["/no/such/binary"]}'
+    pod=$(e2e_crictl runp "$E2E_ROOT/nocmd.pod.json") || return 1
+    if err=$(e2e_crictl create "$pod" "$E2E_ROOT/nocmd.ctr.json" "$E2E_ROOT/nocmd.pod.json" 2>&1); then
+        echo "create succeeded: $err"
+    elif ! status registry | jq -e 'any(.[]; .pod_name == "nocmd")' >/dev/null; then
+        echo "create failed (${err##*$'\n'}) but the container was not on the books (nothing to show)"
+    else
+        echo "create failed: ${err: -160}"
+        for ((i = 0; i < 100; i++)); do
+            if status registry | jq -e 'all(.[]; .pod_name != "nocmd")' >/dev/null; then
+                echo "released $((i / 10)).$((i % 10)) s after the failure"
+                grep -q 'never created by the runtime (no event, no cgroup): released' "$E2E_ROOT/agent.log" && rc=0
+                break
+            fi
+            sleep 0.1
+        done
+        ((rc == 0)) || status registry
+    fi
+    e2e_crictl rmp -f "$pod" >/dev/null
+    return $rc
+}
+
+# A GPU container created and not started is confirmed by NRI PostCreateContainer: it stays
+# on the books past nri_confirm_grace_ms.
+created_kept() {
+    local pod cid rc=0
+    e2e_write_pod idle "$(e2e_assignment 0 2048 30)" 2 30 "$SLEEP"
+    pod=$(e2e_crictl runp "$E2E_ROOT/idle.pod.json") || return 1
+    cid=$(e2e_crictl create "$pod" "$E2E_ROOT/idle.ctr.json" "$E2E_ROOT/idle.pod.json") || rc=1
+    sleep $((CONFIRM_GRACE_MS / 1000 + 2))
+    if ((rc == 0)) && ! status registry | jq -e --arg id "$cid" 'any(.[]; .id == $id)' >/dev/null; then
+        echo "container $cid; registry:"
+        status registry | jq -c '.[] | {id, state}'
+        rc=1
+    fi
+    e2e_crictl rmp -f "$pod" >/dev/null
+    return $rc
+}
+
 ctr_of() { e2e_crictl ps -q --label "gpushare-e2e=$1" | head -1 || true; } # NAME
 
 DRIVER_DIR=$(e2e_gpu_fakes "$REL")
@@ -379,6 +430,10 @@ for MODE in "${MODES[@]}"; do
     fi
 
     e2e_bad_inputs "$L" "$PORT"
+    if [[ $MODE == nri ]]; then
+        e2e_check "$L: created, not started: kept past the ${CONFIRM_GRACE_MS} ms grace" created_kept
+        e2e_check "$L: runtime create failed after NRI admitted it: released after the grace" unconfirmed_released
+    fi
 
     e2e_check "$L: crictl rmp -f gpu1" e2e_crictl rmp -f "$GPU1_POD"
     e2e_check "$L: … drops it from the registry" gone_from_registry "$GPU1"

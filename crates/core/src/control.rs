@@ -85,6 +85,10 @@ pub struct Params {
     pub idle_share: f64,
     /// Most debt carried, in periods' worth of GPU time.
     pub max_debt: f64,
+    /// The shortest first window of a container just taken on (a fraction of the period):
+    /// long enough for `runc start` to let its process go (a frozen `runc init` would hold
+    /// the start until the next window). What it takes beyond its quota is charged as debt.
+    pub fresh_window: f64,
 }
 
 impl Default for Params {
@@ -95,6 +99,7 @@ impl Default for Params {
             max_boost: 0.15,
             idle_share: 0.02,
             max_debt: 30.0,
+            fresh_window: 0.2,
         }
     }
 }
@@ -162,6 +167,10 @@ struct MemberState {
     active: bool,
     /// Consecutive samples below the idle threshold.
     low_samples: u32,
+    /// Not measured yet: a container just taken on, whose process may be waiting to start
+    /// (`runc init` before `runc start`). Its window comes first in the period, so the start
+    /// is not held up by a freeze.
+    fresh: bool,
 }
 
 /// Consecutive low samples before a container counts as idle: one window cut short by
@@ -209,6 +218,7 @@ impl GpuLoop {
                     debt: 0.0,
                     active: true,
                     low_samples: 0,
+                    fresh: true,
                 },
             };
             next.insert(m.id.clone(), st);
@@ -249,6 +259,7 @@ impl GpuLoop {
         let max_credit = p.max_boost.max(0.0) / gain;
         for (id, st) in self.members.iter_mut() {
             let Some(&s) = measured.get(id) else { continue };
+            st.fresh = false;
             let s = if s.is_finite() {
                 s.clamp(0.0, 1.0)
             } else {
@@ -295,19 +306,26 @@ impl GpuLoop {
 
     fn plan(&self) -> Plan {
         let p = self.params;
-        let exclusive: Vec<(&String, f64)> = self
+        // Fresh containers first, then by id.
+        let mut exclusive: Vec<(&String, f64, bool)> = self
             .members
             .iter()
             .filter_map(|(id, st)| {
                 st.quota?;
-                st.active.then_some((id, st.run.max(0.0)))
+                let run = if st.fresh {
+                    st.run.max(p.fresh_window)
+                } else {
+                    st.run
+                };
+                st.active.then_some((id, run.max(0.0), st.fresh))
             })
             .collect();
-        let total: f64 = exclusive.iter().map(|(_, r)| r).sum();
+        exclusive.sort_by_key(|(_, _, fresh)| !fresh);
+        let total: f64 = exclusive.iter().map(|(_, r, _)| r).sum();
         let scale = if total > 1.0 { 1.0 / total } else { 1.0 };
         let mut plan = Plan::default();
         let mut t = 0.0;
-        for (id, r) in &exclusive {
+        for (id, r, _) in &exclusive {
             let len = r * scale;
             if len > 0.0 {
                 plan.windows.insert(
@@ -687,5 +705,45 @@ mod tests {
             .map(|w| w.end - w.start)
             .sum();
         assert!(total <= 1.0 + 1e-9);
+    }
+
+    /// A container just taken on gets the first window of the period (its process may be
+    /// `runc init`, which a freeze would keep from starting); once measured, ids order again.
+    #[test]
+    fn a_fresh_container_runs_first() {
+        let mut lp = GpuLoop::new(Params::default());
+        lp.set_members(&members(&[("a", Some(0.3)), ("b", Some(0.1))]));
+        let plan = lp.step(&HashMap::new());
+        assert_eq!(
+            plan.windows["a"],
+            vec![Window {
+                start: 0.0,
+                end: 0.3
+            }]
+        );
+        let b = plan.windows["b"][0];
+        assert!(
+            (b.start - 0.3).abs() < 1e-9 && (b.end - 0.5).abs() < 1e-9,
+            "at least `fresh_window` at first: {b:?}"
+        );
+        lp.step(&[("a".to_string(), 0.3), ("b".to_string(), 0.1)].into());
+        lp.set_members(&members(&[
+            ("a", Some(0.3)),
+            ("b", Some(0.1)),
+            ("z", Some(0.4)),
+        ]));
+        let plan = lp.step(&[("a".to_string(), 0.3), ("b".to_string(), 0.1)].into());
+        let z = &plan.windows["z"];
+        assert_eq!(z.len(), 1);
+        assert!(
+            z[0].start.abs() < 1e-9 && (z[0].end - 0.4).abs() < 1e-9,
+            "{z:?}"
+        );
+        assert!((plan.windows["a"][0].start - 0.4).abs() < 1e-9, "{plan:?}");
+        let plan = lp.step(&[("a".into(), 0.3), ("b".into(), 0.1), ("z".into(), 0.4)].into());
+        assert!(
+            plan.windows["a"][0].start.abs() < 1e-9,
+            "measured: ids order again {plan:?}"
+        );
     }
 }
