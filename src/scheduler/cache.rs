@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::{Node, Pod};
 
 use super::podreq::{InvalidPod, PodDemand, demand_of_assignment, pod_demand};
-use super::wire::{ExtenderFilterResult, HostPriority, MAX_SCORE};
+use super::wire::{ExtenderFilterResult, FilterAnswer, HostPriority, MAX_SCORE};
 use crate::kubeobjects::{self, pod_key};
 use gpushare_core::echo::Echo;
 use gpushare_core::placement::model::{LabelError, TooManyGpus};
@@ -130,6 +130,66 @@ pub struct Cluster {
     rebuilds: u64,
     /// Node changes not yet in the engine.
     pending: bool,
+    /// Bumped on every change of the engine or the node set.
+    generation: u64,
+    /// The node ids of the latest filters' passing nodes, for the prioritize that follows
+    /// (kube-scheduler sends it the nodes filter passed, in the same order).
+    passed: PassedMemo,
+}
+
+/// How many filters' passing nodes are remembered for their prioritize.
+const PASSED_MEMO: usize = 4;
+
+/// What a filter passed: by pod UID and the cluster generation it was decided at.
+#[derive(Debug, Default)]
+struct PassedMemo {
+    entries: std::collections::VecDeque<Passed>,
+}
+
+#[derive(Debug)]
+struct Passed {
+    uid: String,
+    generation: u64,
+    /// Engine node ids of the passing nodes, in the order filter answered them.
+    ids: Vec<u32>,
+}
+
+impl PassedMemo {
+    fn remember(&mut self, p: Passed) {
+        self.entries.retain(|e| e.uid != p.uid);
+        if self.entries.len() >= PASSED_MEMO {
+            self.entries.pop_front();
+        }
+        self.entries.push_back(p);
+    }
+
+    /// The ids of `names` as filter passed them for pod `uid` at `generation`: only if they
+    /// are exactly the nodes passed, in the same order (each name is checked against the
+    /// engine's name of its id).
+    fn ids_of<N: AsRef<str>>(
+        &self,
+        uid: &str,
+        generation: u64,
+        names: &[N],
+        engine: &Engine,
+    ) -> Option<Vec<Option<usize>>> {
+        let p = self
+            .entries
+            .iter()
+            .find(|e| e.uid == uid && e.generation == generation)?;
+        if p.ids.len() != names.len() {
+            return None;
+        }
+        let nodes = engine.nodes();
+        names
+            .iter()
+            .zip(&p.ids)
+            .map(|(n, &id)| {
+                let id = id as usize;
+                (nodes.get(id)?.spec.name == n.as_ref()).then_some(Some(id))
+            })
+            .collect()
+    }
 }
 
 fn engine_for(
@@ -239,6 +299,8 @@ impl Cluster {
             recent: Vec::new(),
             rebuilds: 0,
             pending: false,
+            generation: 0,
+            passed: PassedMemo::default(),
         }
     }
 
@@ -266,6 +328,7 @@ impl Cluster {
     /// Builds the engine anew from the nodes and re-applies every allocation.
     fn rebuild(&mut self) {
         self.rebuilds += 1;
+        self.generation += 1;
         self.pending = false;
         self.engine = engine_for(&self.nodes, &self.policy, &self.recent);
         let allocs: Vec<Allocation> = self.allocations.values().cloned().collect();
@@ -276,12 +339,14 @@ impl Cluster {
 
     /// Takes `a` in the engine (when its node is known).
     fn apply(&mut self, a: &Allocation) {
+        self.generation += 1;
         if let Some(p) = self.placement_of(a) {
             self.engine.commit(&request_of(a), p);
         }
     }
 
     fn unapply(&mut self, a: &Allocation) {
+        self.generation += 1;
         if let Some(p) = self.placement_of(a) {
             self.engine.release(&request_of(a), p);
         }
@@ -325,6 +390,7 @@ impl Cluster {
         self.nodes.insert(name.clone(), spec);
         self.uuids.insert(name, uuids);
         self.pending = true;
+        self.generation += 1;
         true
     }
 
@@ -461,100 +527,136 @@ impl Cluster {
         names: &[String],
         rejected: &mut dyn FnMut(usize),
     ) -> ExtenderFilterResult {
+        self.filter_answer(pod, names, rejected).into_owned()
+    }
+
+    /// [`Cluster::filter_counted`] with the answer borrowing the names. The nodes that pass
+    /// are scored for the pod on the way (through the engine's score cache, which the
+    /// prioritize that follows reads) and their ids remembered for that prioritize.
+    pub fn filter_answer<'a, N: AsRef<str>>(
+        &mut self,
+        pod: &Pod,
+        names: &'a [N],
+        rejected: &mut dyn FnMut(usize),
+    ) -> FilterAnswer<'a> {
         // Node changes listed after a watch restart reach the engine before any decision.
         self.flush();
-        let mut out = ExtenderFilterResult::default();
+        let mut out = FilterAnswer::default();
         let demand = match self.demand(pod) {
             Ok(Some(d)) => d,
             // Not ours: every node passes.
             Ok(None) => {
-                out.node_names = Some(names.to_vec());
+                out.node_names = Some(names.iter().map(AsRef::as_ref).collect());
                 return out;
             }
             Err(e) => {
                 let e = e.to_string();
                 for n in names {
                     out.failed_and_unresolvable_nodes
-                        .insert(n.clone(), e.clone());
+                        .insert(n.as_ref(), e.clone());
                     rejected(INVALID_POD);
                 }
                 out.node_names = Some(Vec::new());
                 return out;
             }
         };
-        let mut ok = Vec::new();
+        let req = &demand.request;
+        let mut ok = Vec::with_capacity(names.len());
+        let mut ids = Vec::with_capacity(names.len());
+        let mut scorer = self.engine.scorer(req);
         for n in names {
-            match self.check(n, &demand.request) {
-                Ok(()) => ok.push(n.clone()),
+            let n = n.as_ref();
+            // Every good node is in the engine: one hash lookup on the common path.
+            let verdict = match scorer.engine().node_id(n) {
+                // The pod fits exactly where the policy has a score for it.
+                Some(id) if scorer.choice(id).is_some() => Ok(id),
+                Some(id) => match scorer.engine().check(id, req) {
+                    Ok(_) => Ok(id),
+                    Err(r) => Err((r.to_string(), unresolvable(&r.why), r.why.kind())),
+                },
+                None => Err(match self.nodes.get(n) {
+                    Some(Err(e)) => (e.to_string(), true, INVALID_NODE),
+                    _ => (
+                        format!("node {:#} is not known to gpushare yet", Echo::new(n)),
+                        false,
+                        UNKNOWN_NODE,
+                    ),
+                }),
+            };
+            match verdict {
+                Ok(id) => {
+                    ok.push(n);
+                    ids.push(id as u32);
+                }
                 Err((msg, true, reason)) => {
-                    out.failed_and_unresolvable_nodes.insert(n.clone(), msg);
+                    out.failed_and_unresolvable_nodes.insert(n, msg);
                     rejected(reason);
                 }
                 Err((msg, false, reason)) => {
-                    out.failed_nodes.insert(n.clone(), msg);
+                    out.failed_nodes.insert(n, msg);
                     rejected(reason);
                 }
             }
+        }
+        if let Some(uid) = pod.metadata.uid.as_deref().filter(|u| !u.is_empty()) {
+            self.passed.remember(Passed {
+                uid: uid.to_string(),
+                generation: self.generation,
+                ids,
+            });
         }
         out.node_names = Some(ok);
         out
     }
 
-    /// Whether node `n` takes `req`; the error says why, whether it is unresolvable, and the
-    /// reason (an index into [`FILTER_REASONS`]).
-    fn check(&self, n: &str, req: &Request) -> Result<(), (String, bool, usize)> {
-        // Every good node is in the engine: one hash lookup on the common path.
-        if let Some(id) = self.engine.node_id(n) {
-            return self
-                .engine
-                .check(id, req)
-                .map(|_| ())
-                .map_err(|r: Reject| (r.to_string(), unresolvable(&r.why), r.why.kind()));
-        }
-        match self.nodes.get(n) {
-            Some(Err(e)) => Err((e.to_string(), true, INVALID_NODE)),
-            _ => Err((
-                format!("node {:#} is not known to gpushare yet", Echo::new(n)),
-                false,
-                UNKNOWN_NODE,
-            )),
-        }
-    }
-
     /// `prioritize`: the policy's preference among `names`, as 0..=10 by rank (best 10).
     pub fn prioritize(&mut self, pod: &Pod, names: &[String]) -> Vec<HostPriority> {
-        self.flush();
-        let Ok(Some(demand)) = self.demand(pod) else {
-            return names
-                .iter()
-                .map(|n| HostPriority {
-                    host: n.clone(),
-                    score: 0,
-                })
-                .collect();
-        };
-        let all = self.engine.scores(&demand.request);
-        let scores: Vec<Option<f64>> = names
-            .iter()
-            .map(|n| {
-                let id = self.engine.node_id(n)?;
-                all[id].map(|c| c.score)
-            })
-            .collect();
-        let mut distinct: Vec<f64> = scores.iter().flatten().copied().collect();
-        distinct.sort_by(|a, b| b.total_cmp(a));
-        distinct.dedup();
-        let levels = distinct.len().max(1) as i64;
+        let scores = self.priorities(pod, names);
         names
             .iter()
             .zip(scores)
-            .map(|(n, s)| HostPriority {
+            .map(|(n, score)| HostPriority {
                 host: n.clone(),
-                score: s.map_or(0, |s| {
+                score,
+            })
+            .collect()
+    }
+
+    /// [`Cluster::prioritize`]'s scores, in the order of `names`.
+    pub fn priorities<N: AsRef<str>>(&mut self, pod: &Pod, names: &[N]) -> Vec<i64> {
+        self.flush();
+        let Ok(Some(demand)) = self.demand(pod) else {
+            return vec![0; names.len()];
+        };
+        // The nodes filter passed for this pod, unchanged since: their ids are known.
+        let uid = pod.metadata.uid.as_deref().unwrap_or_default();
+        let ids = self
+            .passed
+            .ids_of(uid, self.generation, names, &self.engine)
+            .unwrap_or_else(|| {
+                names
+                    .iter()
+                    .map(|n| self.engine.node_id(n.as_ref()))
+                    .collect()
+            });
+        let mut scorer = self.engine.scorer(&demand.request);
+        let scores: Vec<Option<f64>> = ids
+            .iter()
+            .map(|id| id.and_then(|id| scorer.choice(id)).map(|c| c.score))
+            .collect();
+        let mut distinct: Vec<f64> = scores.iter().flatten().copied().collect();
+        // `total_cmp` is a total order whose equal values are identical: unstable is stable.
+        distinct.sort_unstable_by(|a, b| b.total_cmp(a));
+        distinct.dedup();
+        let levels = distinct.len().max(1) as i64;
+        scores
+            .into_iter()
+            .map(|s| {
+                s.map_or(0, |s| {
                     // `distinct` is sorted descending: the rank is how many scores beat `s`.
                     let rank = distinct.partition_point(|&d| d > s) as i64;
                     MAX_SCORE - rank * MAX_SCORE / levels
-                }),
+                })
             })
             .collect()
     }
@@ -616,6 +718,7 @@ impl Cluster {
             gpus: choice.gpus,
         };
         self.engine.commit(&demand.request, p);
+        self.generation += 1;
         let allocation = Allocation {
             pod: pod_key(pod).to_string(),
             node: node.to_string(),
@@ -1012,6 +1115,57 @@ mod tests {
         );
         assert_eq!(c.usage()[0].1[0].memory_allocated_mib, 0);
         assert_eq!(c.allocations().count(), 0);
+    }
+
+    /// Prioritize reads the node ids filter passed for the same pod: its answer is what a
+    /// prioritize alone answers, for the list filter passed, for any other list, and after the
+    /// cluster changed in between.
+    #[test]
+    fn prioritize_after_filter_matches_prioritize_alone() {
+        let mk = || {
+            let mut c = Cluster::new(
+                "gpushare",
+                ResourceNames::default(),
+                Duration::from_secs(60),
+            );
+            c.set_node(&node("a", 2, "core_mem", "binpack"));
+            c.set_node(&node("b", 2, "core_mem", "spread"));
+            c.set_node(&node("c", 4, "core_mem", "binpack"));
+            c.reserve(&pod("x", "8", Some("50")), "a", TS.into())
+                .unwrap();
+            c
+        };
+        let (mut c, mut d) = (mk(), mk());
+        let q = pod("q", "2", Some("10"));
+        let all = names(&["c", "a", "b", "zz"]);
+        let passed = c.filter(&q, &all).node_names.unwrap();
+        assert_eq!(passed, names(&["c", "a", "b"]));
+        let want = d.prioritize(&q, &passed);
+        assert_eq!(c.prioritize(&q, &passed), want);
+        assert!(want.iter().any(|h| h.score != want[0].score), "{want:?}");
+        for other in [
+            names(&["b", "a", "c"]),
+            names(&["c", "a"]),
+            names(&["c", "a", "zz"]),
+        ] {
+            assert_eq!(c.prioritize(&q, &other), d.prioritize(&q, &other));
+        }
+        // A reservation between filter and prioritize.
+        c.filter(&q, &all);
+        for e in [&mut c, &mut d] {
+            e.reserve(&pod("y", "14", Some("90")), "c", TS.into())
+                .unwrap();
+        }
+        assert_eq!(c.prioritize(&q, &passed), d.prioritize(&q, &passed));
+        // A node added: the engine is rebuilt and its node ids change.
+        c.filter(&q, &all);
+        for e in [&mut c, &mut d] {
+            e.set_node(&node("0", 1, "core_mem", "binpack"));
+        }
+        assert_eq!(c.prioritize(&q, &passed), d.prioritize(&q, &passed));
+        // Another pod's filter does not answer for this one.
+        c.filter(&pod("r", "1", Some("5")), &names(&["a", "b", "c"]));
+        assert_eq!(c.prioritize(&q, &passed), d.prioritize(&q, &passed));
     }
 
     /// Hardening item 1: node names from a filter request are shown cut.

@@ -18,8 +18,8 @@ use k8s_openapi::api::core::v1::Pod;
 
 use super::cache::{Cluster, FILTER_REASONS, ReserveError};
 use super::wire::{
-    ExtenderArgs, ExtenderBindingArgs, ExtenderBindingResult, ExtenderFilterResult, HostPriority,
-    MAX_BODY, WireError, decode,
+    ExtenderArgs, ExtenderArgsRef, ExtenderBindingArgs, ExtenderBindingResult,
+    ExtenderFilterResult, FilterAnswer, HostPriority, MAX_BODY, Priorities, WireError,
 };
 use crate::kubeobjects::{PodKey, pod_key};
 use crate::metrics::{Kind, PromText};
@@ -300,26 +300,53 @@ impl Extender {
     pub fn filter(&self, args: &ExtenderArgs) -> ExtenderFilterResult {
         let t = Instant::now();
         let names = candidate_names(args);
-        let out = match &args.pod {
-            None => FilterError::NoPod.into(),
-            Some(_) if !self.synced() => FilterError::NotSynced.into(),
-            Some(pod) => self.lock().filter_counted(pod, &names, &mut |reason| {
-                self.metrics.filter_rejections[reason].fetch_add(1, Ordering::Relaxed);
-            }),
-        };
+        let out = self.filter_names(args.pod.as_ref(), &names).into_owned();
         self.metrics.filter.observe(t);
         out
+    }
+
+    /// `filter` of `pod` among `names`, the answer borrowing the names.
+    fn filter_names<'a, N: AsRef<str>>(
+        &self,
+        pod: Option<&Pod>,
+        names: &'a [N],
+    ) -> FilterAnswer<'a> {
+        let error = match pod {
+            None => FilterError::NoPod,
+            Some(_) if !self.synced() => FilterError::NotSynced,
+            Some(pod) => {
+                return self.lock().filter_answer(pod, names, &mut |reason| {
+                    self.metrics.filter_rejections[reason].fetch_add(1, Ordering::Relaxed);
+                });
+            }
+        };
+        FilterAnswer {
+            error: error.to_string(),
+            ..Default::default()
+        }
     }
 
     pub fn prioritize(&self, args: &ExtenderArgs) -> Vec<HostPriority> {
         let t = Instant::now();
         let names = candidate_names(args);
-        let out = match &args.pod {
-            Some(pod) => self.lock().prioritize(pod, &names),
-            None => Vec::new(),
-        };
+        let names: Vec<&str> = names.iter().map(String::as_str).collect();
+        let out = self.prioritize_names(args.pod.as_ref(), names).into_owned();
         self.metrics.prioritize.observe(t);
         out
+    }
+
+    /// `prioritize` of `pod` among `names`.
+    fn prioritize_names<'a>(&self, pod: Option<&Pod>, names: Vec<&'a str>) -> Priorities<'a> {
+        match pod {
+            Some(pod) => Priorities {
+                scores: self.lock().priorities(pod, &names),
+                hosts: names,
+            },
+            None => Priorities {
+                hosts: Vec::new(),
+                scores: Vec::new(),
+            },
+        }
     }
 
     /// Reserves the GPUs, writes the assignment, binds; on any failure gives the GPUs back.
@@ -489,18 +516,54 @@ impl Extender {
     /// `filter` on a raw body: what the HTTP handler answers (a body that cannot be decoded
     /// is answered with its error).
     pub fn filter_body(&self, body: &[u8]) -> ExtenderFilterResult {
-        match decode::<ExtenderArgs>("filter", body) {
-            Ok(args) => self.filter(&args),
-            Err(e) => ExtenderFilterResult {
+        self.filter_body_with(body, |a| a.into_owned())
+    }
+
+    /// [`Extender::filter_body`], the answer as JSON (what the HTTP handler sends).
+    pub fn filter_body_json(&self, body: &[u8]) -> Vec<u8> {
+        self.filter_body_with(body, |a| {
+            serde_json::to_vec(&a).expect("a filter answer serializes")
+        })
+    }
+
+    fn filter_body_with<T>(&self, body: &[u8], out: impl FnOnce(FilterAnswer<'_>) -> T) -> T {
+        match ExtenderArgsRef::decode("filter", body) {
+            Ok(args) => {
+                let t = Instant::now();
+                let names = args.candidates();
+                let a = self.filter_names(args.pod.as_ref(), &names);
+                self.metrics.filter.observe(t);
+                out(a)
+            }
+            Err(e) => out(FilterAnswer {
                 error: e.to_string(),
                 ..Default::default()
-            },
+            }),
         }
     }
 
     /// `prioritize` on a raw body.
     pub fn prioritize_body(&self, body: &[u8]) -> Result<Vec<HostPriority>, WireError> {
-        decode::<ExtenderArgs>("prioritize", body).map(|args| self.prioritize(&args))
+        self.prioritize_body_with(body, |p| p.into_owned())
+    }
+
+    /// [`Extender::prioritize_body`], the answer as JSON (what the HTTP handler sends).
+    pub fn prioritize_body_json(&self, body: &[u8]) -> Result<Vec<u8>, WireError> {
+        self.prioritize_body_with(body, |p| {
+            serde_json::to_vec(&p).expect("priorities serialize")
+        })
+    }
+
+    fn prioritize_body_with<T>(
+        &self,
+        body: &[u8],
+        out: impl FnOnce(Priorities<'_>) -> T,
+    ) -> Result<T, WireError> {
+        let args = ExtenderArgsRef::decode("prioritize", body)?;
+        let t = Instant::now();
+        let p = self.prioritize_names(args.pod.as_ref(), args.candidates());
+        self.metrics.prioritize.observe(t);
+        Ok(out(p))
     }
 
     pub fn metrics_text(&self) -> String {
@@ -572,9 +635,9 @@ impl Extender {
     }
 }
 
-fn candidate_names(args: &ExtenderArgs) -> Vec<String> {
+fn candidate_names(args: &ExtenderArgs) -> std::borrow::Cow<'_, [String]> {
     if let Some(n) = &args.node_names {
-        return n.clone();
+        return n.as_slice().into();
     }
     args.nodes
         .as_ref()
@@ -582,9 +645,10 @@ fn candidate_names(args: &ExtenderArgs) -> Vec<String> {
             l.items
                 .iter()
                 .filter_map(|n| n.metadata.name.clone())
-                .collect()
+                .collect::<Vec<_>>()
         })
         .unwrap_or_default()
+        .into()
 }
 
 /// Now, as an RFC 3339 date-time in UTC.
@@ -610,13 +674,25 @@ pub fn router(ext: Arc<Extender>) -> Router {
 // The bodies are decoded by `wire::decode` rather than axum's `Json`, whose rejection quotes
 // the offending value whole: errors name the field path and stay short.
 
-async fn filter(State(e): State<Arc<Extender>>, body: Bytes) -> impl IntoResponse {
-    Json(e.filter_body(&body))
+/// A JSON body, as axum's `Json` answers it.
+fn json(body: Vec<u8>) -> Response {
+    (
+        [(
+            axum::http::header::CONTENT_TYPE,
+            axum::http::HeaderValue::from_static("application/json"),
+        )],
+        body,
+    )
+        .into_response()
+}
+
+async fn filter(State(e): State<Arc<Extender>>, body: Bytes) -> Response {
+    json(e.filter_body_json(&body))
 }
 
 async fn prioritize(State(e): State<Arc<Extender>>, body: Bytes) -> Response {
-    match e.prioritize_body(&body) {
-        Ok(p) => Json(p).into_response(),
+    match e.prioritize_body_json(&body) {
+        Ok(p) => json(p),
         Err(err) => (StatusCode::BAD_REQUEST, format!("{err}\n")).into_response(),
     }
 }

@@ -2,6 +2,7 @@
 //! carry no JSON tags, so the keys are the Go field names (PascalCase); the pod inside is an
 //! ordinary Kubernetes object.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use k8s_openapi::List;
@@ -29,6 +30,67 @@ pub struct ExtenderArgs {
     pub node_names: Option<Vec<String>>,
 }
 
+/// A candidate node name as decoded from a request body: borrowed from the body unless the
+/// JSON string has escapes.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct NodeName<'a>(#[serde(borrow)] pub Cow<'a, str>);
+
+/// [`ExtenderArgs`] as the HTTP handlers decode it: the node names borrowed from the body (a
+/// 5,000-node request is 5,000 names; copying each one costs more than deciding on it).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "PascalCase")]
+pub struct ExtenderArgsRef<'a> {
+    #[serde(default)]
+    pub pod: Option<Pod>,
+    #[serde(default)]
+    pub nodes: Option<NodeList>,
+    #[serde(default, borrow)]
+    pub node_names: Option<Vec<NodeName<'a>>>,
+}
+
+impl<'a> ExtenderArgsRef<'a> {
+    /// Decodes the body of `verb` (`filter`, `prioritize`) as [`decode`] does: a body that
+    /// does not decode is refused with the same error.
+    pub fn decode(verb: &'static str, body: &'a [u8]) -> Result<Self, WireError> {
+        if body.len() > MAX_BODY {
+            return Err(WireError::TooLarge {
+                verb,
+                len: body.len(),
+            });
+        }
+        if let Ok(args) = serde_json::from_slice(body) {
+            return Ok(args);
+        }
+        // The error, with its field path (or, should the owned decoding accept what the
+        // borrowing one did not, its value).
+        let args: ExtenderArgs = decode(verb, body)?;
+        Ok(ExtenderArgsRef {
+            pod: args.pod,
+            nodes: args.nodes,
+            node_names: args
+                .node_names
+                .map(|v| v.into_iter().map(|n| NodeName(Cow::Owned(n))).collect()),
+        })
+    }
+
+    /// The candidate nodes: `NodeNames` (a `nodeCacheCapable` extender's), else the names of
+    /// `Nodes`' items.
+    pub fn candidates(&self) -> Vec<&str> {
+        if let Some(n) = &self.node_names {
+            return n.iter().map(|n| &*n.0).collect();
+        }
+        self.nodes
+            .as_ref()
+            .map(|l| {
+                l.items
+                    .iter()
+                    .filter_map(|n| n.metadata.name.as_deref())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+}
+
 /// Result of `filter`.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 #[serde(rename_all = "PascalCase")]
@@ -43,6 +105,72 @@ pub struct ExtenderFilterResult {
     pub failed_and_unresolvable_nodes: BTreeMap<String, String>,
     #[serde(default)]
     pub error: String,
+}
+
+/// [`ExtenderFilterResult`] with the node names borrowed from the request: what `filter`
+/// computes; serialized exactly as [`ExtenderFilterResult`] (whose `Nodes` it never sets).
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+#[serde(rename_all = "PascalCase")]
+pub struct FilterAnswer<'a> {
+    pub node_names: Option<Vec<&'a str>>,
+    pub failed_nodes: BTreeMap<&'a str, String>,
+    pub failed_and_unresolvable_nodes: BTreeMap<&'a str, String>,
+    pub error: String,
+}
+
+impl FilterAnswer<'_> {
+    pub fn into_owned(self) -> ExtenderFilterResult {
+        fn owned(m: BTreeMap<&str, String>) -> BTreeMap<String, String> {
+            m.into_iter().map(|(k, v)| (k.to_string(), v)).collect()
+        }
+        ExtenderFilterResult {
+            nodes: None,
+            node_names: self
+                .node_names
+                .map(|v| v.into_iter().map(str::to_string).collect()),
+            failed_nodes: owned(self.failed_nodes),
+            failed_and_unresolvable_nodes: owned(self.failed_and_unresolvable_nodes),
+            error: self.error,
+        }
+    }
+}
+
+/// `prioritize`'s answer with the node names borrowed from the request: serialized as the JSON
+/// array of [`HostPriority`] it stands for.
+pub struct Priorities<'a> {
+    pub hosts: Vec<&'a str>,
+    /// Same length as `hosts`.
+    pub scores: Vec<i64>,
+}
+
+impl Serialize for Priorities<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        #[derive(Serialize)]
+        #[serde(rename_all = "PascalCase")]
+        struct Entry<'a> {
+            host: &'a str,
+            score: i64,
+        }
+        s.collect_seq(
+            self.hosts
+                .iter()
+                .zip(&self.scores)
+                .map(|(&host, &score)| Entry { host, score }),
+        )
+    }
+}
+
+impl Priorities<'_> {
+    pub fn into_owned(self) -> Vec<HostPriority> {
+        self.hosts
+            .into_iter()
+            .zip(self.scores)
+            .map(|(host, score)| HostPriority {
+                host: host.to_string(),
+                score,
+            })
+            .collect()
+    }
 }
 
 /// One entry of `prioritize`'s answer (a bare JSON array of these).
@@ -129,6 +257,11 @@ pub fn decode<T: serde::de::DeserializeOwned>(
             verb,
             len: body.len(),
         });
+    }
+    // Tracking the field path costs on every value: only a body that fails is decoded again
+    // with it, for the error.
+    if let Ok(value) = serde_json::from_slice(body) {
+        return Ok(value);
     }
     let mut de = serde_json::Deserializer::from_slice(body);
     let value: T = serde_path_to_error::deserialize(&mut de).map_err(|e| {
@@ -222,6 +355,67 @@ mod tests {
             }])
             .unwrap(),
             r#"[{"Host":"n1","Score":10}]"#
+        );
+    }
+
+    /// The handlers' decoding borrows the names (unless escaped) and answers as the owned
+    /// types do, byte for byte.
+    #[test]
+    fn borrowed_args_and_answers_match_the_owned_ones() {
+        let body = br#"{"Pod":{"metadata":{"name":"p"}},"NodeNames":["n1","n\u0032",""]}"#;
+        let a = ExtenderArgsRef::decode("filter", body).unwrap();
+        let names = a.node_names.as_ref().unwrap();
+        assert!(matches!(names[0].0, Cow::Borrowed("n1")));
+        assert!(matches!(&names[1].0, Cow::Owned(n) if n == "n2"));
+        assert_eq!(a.candidates(), ["n1", "n2", ""]);
+        let owned: ExtenderArgs = decode("filter", body).unwrap();
+        assert_eq!(owned.node_names.unwrap(), a.candidates());
+        let a = ExtenderArgsRef::decode(
+            "filter",
+            br#"{"Nodes":{"items":[{"metadata":{"name":"a"}},{"metadata":{}}]}}"#,
+        )
+        .unwrap();
+        assert_eq!(a.candidates(), ["a"]);
+        for body in [
+            &b"{\"Pod\":"[..],
+            br#"{"NodeNames":[1]}"#,
+            br#"{"NodeNames":[],"NodeNames":[]}"#,
+            br#"{"Pod":{"spec":{"containers":[{"name":1}]}}}"#,
+        ] {
+            assert_eq!(
+                ExtenderArgsRef::decode("prioritize", body).unwrap_err(),
+                decode::<ExtenderArgs>("prioritize", body).unwrap_err()
+            );
+        }
+        let answer = FilterAnswer {
+            node_names: Some(vec!["n1", "n3"]),
+            failed_nodes: [("n2", "why".to_string())].into(),
+            failed_and_unresolvable_nodes: [("n0", "never".to_string())].into(),
+            error: String::new(),
+        };
+        assert_eq!(
+            serde_json::to_string(&answer).unwrap(),
+            serde_json::to_string(&answer.clone().into_owned()).unwrap()
+        );
+        let none = FilterAnswer {
+            error: "e".into(),
+            ..Default::default()
+        };
+        assert_eq!(
+            serde_json::to_string(&none).unwrap(),
+            serde_json::to_string(&none.into_owned()).unwrap()
+        );
+        let p = Priorities {
+            hosts: vec!["n1", "n2"],
+            scores: vec![10, 0],
+        };
+        assert_eq!(
+            serde_json::to_string(&p).unwrap(),
+            r#"[{"Host":"n1","Score":10},{"Host":"n2","Score":0}]"#
+        );
+        assert_eq!(
+            serde_json::to_string(&p.into_owned()).unwrap(),
+            r#"[{"Host":"n1","Score":10},{"Host":"n2","Score":0}]"#
         );
     }
 

@@ -5,8 +5,8 @@
 use std::collections::HashMap;
 
 use gpushare_core::placement::{
-    Engine, GpuDemand, GpuSpec, NodeSpec, POLICIES, Placement, Request, ScheduleMode, Workload,
-    by_name,
+    Choice, Engine, GpuDemand, GpuSpec, NodeSpec, POLICIES, Placement, Request, ScheduleMode,
+    Workload, by_name,
 };
 use proptest::prelude::*;
 
@@ -256,6 +256,17 @@ proptest! {
         e.set_tie_order(order);
         let mut placed: Vec<(Request, Placement)> = Vec::new();
         for (k, r) in reqs.iter().enumerate() {
+            // Scoring some nodes on demand (as the extender's filter does) is scoring them
+            // afresh, and finds exactly the nodes the pod fits on.
+            let some: Vec<usize> = (k % 2..nodes.len()).step_by(2).collect();
+            let on_demand: Vec<Option<Choice>> = {
+                let mut s = e.scorer(r);
+                some.iter().map(|&id| s.choice(id)).collect()
+            };
+            for (&id, c) in some.iter().zip(&on_demand) {
+                prop_assert_eq!(c, &e.evaluate(id, r).ok());
+                prop_assert_eq!(c.is_some(), e.check(id, r).is_ok());
+            }
             // The score cache changes nothing.
             let fresh = e.decide_fresh(r);
             prop_assert_eq!(e.decide(r), fresh);

@@ -62,10 +62,47 @@ pub struct Engine {
     versions: Vec<u32>,
     /// Node ids in tie-break order.
     order: Vec<usize>,
-    by_name: HashMap<String, usize>,
+    by_name: HashMap<String, usize, BuildNameHasher>,
     policy: Box<dyn PlacementPolicy>,
     cache: ScoreCache,
 }
+
+/// The hash of the node-name index: FxHash (rustc's), several times faster than the default
+/// SipHash on names of a few dozen bytes, and a filter looks up every candidate. The keys are
+/// the cluster's own node names; a looked-up name only reads the table.
+#[derive(Debug, Clone, Copy, Default)]
+struct NameHasher(u64);
+
+impl NameHasher {
+    fn add(&mut self, word: u64) {
+        self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+}
+
+impl std::hash::Hasher for NameHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        let mut chunks = bytes.chunks_exact(8);
+        for c in &mut chunks {
+            self.add(u64::from_le_bytes(c.try_into().expect("8 bytes")));
+        }
+        let rest = chunks.remainder();
+        if !rest.is_empty() {
+            let mut last = [0u8; 8];
+            last[..rest.len()].copy_from_slice(rest);
+            self.add(u64::from_le_bytes(last));
+        }
+    }
+
+    fn write_u8(&mut self, i: u8) {
+        self.add(i as u64);
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+type BuildNameHasher = std::hash::BuildHasherDefault<NameHasher>;
 
 /// What identifies a request for the policies: equal keys get equal scores on a node.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -227,6 +264,18 @@ impl Engine {
         self.cache.slots[slot].1.iter().map(|c| c.choice).collect()
     }
 
+    /// A view of the score cache for `req`'s shape that scores nodes one at a time, on
+    /// demand: only the nodes asked for (and changed since their cached score) are scored
+    /// again. [`Scorer::choice`] is what [`Engine::scores`] has at that node id.
+    pub fn scorer<'a>(&'a mut self, req: &'a Request) -> Scorer<'a> {
+        let slot = self.cache.slot(req, self.nodes.len());
+        Scorer {
+            engine: self,
+            slot,
+            req,
+        }
+    }
+
     /// What [`Engine::decide`] returns, computed from scratch without the score cache (read
     /// only; slower).
     pub fn decide_fresh(&self, req: &Request) -> Result<Placement, Unschedulable> {
@@ -321,6 +370,34 @@ impl Engine {
         node.give_back(req, p.gpus);
         self.versions[p.node] = self.versions[p.node].wrapping_add(1).max(1);
         self.policy.node_changed(p.node, node);
+    }
+}
+
+/// The score cache of one request shape, filled on demand ([`Engine::scorer`]).
+pub struct Scorer<'a> {
+    engine: &'a mut Engine,
+    slot: usize,
+    req: &'a Request,
+}
+
+impl Scorer<'_> {
+    /// Node `id`'s score for the request (`None`: it does not fit), from the cache when the
+    /// node has not changed since it was scored.
+    pub fn choice(&mut self, id: usize) -> Option<Choice> {
+        let e = &mut *self.engine;
+        let version = e.versions[id];
+        let entry = &mut e.cache.slots[self.slot].1[id];
+        if entry.version != version {
+            *entry = Cached {
+                version,
+                choice: score(&e.nodes[id], id, self.req, e.policy.as_ref()),
+            };
+        }
+        entry.choice
+    }
+
+    pub fn engine(&self) -> &Engine {
+        self.engine
     }
 }
 
