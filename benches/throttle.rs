@@ -13,7 +13,8 @@
 //! * `THROTTLE_BENCH_START=created`: start containers the way `runc create` + a later
 //!   `runc start` do (see below); writes `throttle-created[-partial].json`;
 //! * `THROTTLE_BENCH_DUMP=DIR`: the raw samples of every run as `DIR/NAME.csv`;
-//! * `THROTTLE_BENCH_NO_WAIT=1`: do not wait for a quiet machine.
+//! * `THROTTLE_BENCH_NO_WAIT=1`: do not wait for a quiet machine (nor repeat a run that
+//!   other processes disturbed).
 //!
 //! Set-up:
 //!
@@ -781,7 +782,14 @@ impl Bench {
                 Ok("immediate") | Err(_) => Start::Immediate,
                 Ok(other) => panic!("THROTTLE_BENCH_START={other}: immediate, created or exec"),
             },
-            retries: std::cell::Cell::new(RETRIES),
+            // Not waiting for a quiet machine means not repeating a disturbed run either.
+            retries: std::cell::Cell::new(
+                if std::env::var("THROTTLE_BENCH_NO_WAIT").as_deref() == Ok("1") {
+                    0
+                } else {
+                    RETRIES
+                },
+            ),
             shm,
             state,
         }

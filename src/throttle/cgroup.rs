@@ -404,6 +404,17 @@ impl ContainerCgroup {
         (name, self.cpu_dir.join(name))
     }
 
+    /// The CPU time, ns, in what [`cpu_usage_file`](Self::cpu_usage_file) read (`None`: not
+    /// what it holds; [`parse_cpu_usage`](Self::parse_cpu_usage) says why).
+    pub fn cpu_usage_from(&self, data: &str) -> Option<u64> {
+        match self.version {
+            CgroupVersion::V1 => data.trim().parse().ok(),
+            CgroupVersion::V2 => flat_keyed(data, "usage_usec")
+                .and_then(|v| v.parse::<u64>().ok())
+                .and_then(|usec| usec.checked_mul(1000)),
+        }
+    }
+
     /// The CPU time, ns, in what [`cpu_usage_file`](Self::cpu_usage_file) read.
     pub fn parse_cpu_usage(&self, path: PathBuf, data: String) -> Result<u64, CgroupError> {
         match self.version {

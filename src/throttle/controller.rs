@@ -11,7 +11,7 @@
 //! injected [`Clock`], so the membership and period logic is unit-tested on a fake cgroupfs
 //! with a fake clock.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -264,10 +264,18 @@ struct Handle {
     throttled: ContainerCgroup,
     /// What freezes them: the throttled child's cgroup freezer, or signals.
     freezer: Freezer,
+    /// `throttled` is a child of `cgroup` (the cgroup freezer), into which processes are
+    /// swept.
+    own_child: bool,
     /// Every GPU it holds (a member of each one's loop).
     gpus: Vec<u32>,
     frozen: bool,
     frozen_since: Option<Instant>,
+    /// When it was last sampled ([`IDLE_SAMPLE_EVERY`]).
+    sampled_at: Option<Instant>,
+    /// Which of the [`IDLE_SAMPLE_EVERY`] periods it is sampled in while idle (spreads the
+    /// idle containers' samples over the periods).
+    phase: u64,
     /// In the guardian list on disk: only then may it be frozen (a frozen cgroup the
     /// guardian does not know of could outlive the agent frozen).
     recorded: bool,
@@ -282,12 +290,15 @@ impl Handle {
         gpus: Vec<u32>,
     ) -> Handle {
         Handle {
+            own_child: throttled != cgroup,
             cgroup,
             throttled,
             freezer,
             gpus,
             frozen: false,
             frozen_since: None,
+            sampled_at: None,
+            phase: 0,
             recorded: false,
         }
     }
@@ -316,8 +327,16 @@ pub struct Controller {
 }
 
 /// Idle containers' processes are swept into the throttled child every this many periods
-/// (busy ones every period, new ones on pickup).
-const SWEEP_EVERY: u64 = 10;
+/// (busy ones every period, new ones on pickup). An idle container is never frozen, and one
+/// that turns busy is swept from the next period on, so this only bounds how long a process
+/// `exec`ed into an idle container stays outside the child.
+const SWEEP_EVERY: u64 = 30;
+
+/// With a source that reads each container ([`SampleSource::per_container`]: sim), idle
+/// containers are sampled every this many periods (busy ones every period); what an idle
+/// container used meanwhile is charged for every period its sample covers. A container that
+/// wakes up is seen within this many periods.
+const IDLE_SAMPLE_EVERY: u64 = 2;
 
 /// Thaws every container a controller still holds when dropped (panics included).
 struct ThawOnDrop<'a>(&'a mut HashMap<String, Handle>);
@@ -532,8 +551,9 @@ impl Controller {
                         }
                     };
                     let freezer = Freezer::Cgroup(throttled.clone());
-                    self.handles
-                        .insert(id.clone(), Handle::new(cgroup, throttled, freezer, gpus));
+                    let mut handle = Handle::new(cgroup, throttled, freezer, gpus);
+                    handle.phase = self.handles.len() as u64;
+                    self.handles.insert(id.clone(), handle);
                     changed = true;
                 }
                 Ok(_) => {} // not created yet; next period
@@ -703,23 +723,38 @@ impl Controller {
         let n = self.periods;
         self.periods += 1;
         let loops = &self.loops;
-        // Idle on every GPU it holds.
-        let idle = |id: &str, gpus: &[u32]| {
-            gpus.iter()
-                .all(|g| loops.get(g).is_some_and(|lp| lp.is_idle(id)))
-        };
+        // Idle on every GPU it holds (as of the last plan), worked out once a period.
+        let idle: HashSet<&str> = self
+            .handles
+            .iter()
+            .filter(|(id, h)| {
+                h.gpus
+                    .iter()
+                    .all(|g| loops.get(g).is_some_and(|lp| lp.is_idle(id)))
+            })
+            .map(|(id, _)| id.as_str())
+            .collect();
         // Busy containers are swept every period (a process started by `exec` is throttled
-        // from the next period on); idle ones, which are not frozen, less often. Every
-        // container is sampled every period: what an idle one uses is charged to its debt.
+        // from the next period on); idle ones, which are not frozen, less often. What an idle
+        // one uses is charged to its debt (sampled every period, or every IDLE_SAMPLE_EVERY
+        // with a sim source, each sample charged for the periods it covers).
         let sweep_all = n.is_multiple_of(SWEEP_EVERY) || self.handles.len() != before;
         for (id, h) in &self.handles {
-            if h.throttled != h.cgroup && (sweep_all || !idle(id, &h.gpus)) {
+            if h.own_child && (sweep_all || !idle.contains(id.as_str())) {
                 sweep(&h.cgroup, &h.throttled);
             }
         }
+        // Idle containers every IDLE_SAMPLE_EVERY periods, where a sample reads each one.
+        let spread = self.source.per_container();
+        let now = self.clock.now();
         let tracked: Vec<Tracked<'_>> = self
             .handles
             .iter()
+            .filter(|(id, h)| {
+                !spread
+                    || (n + h.phase).is_multiple_of(IDLE_SAMPLE_EVERY)
+                    || !idle.contains(id.as_str())
+            })
             .map(|(id, h)| Tracked {
                 id,
                 gpus: &h.gpus,
@@ -728,7 +763,26 @@ impl Controller {
             })
             .collect();
         let sample = self.source.sample(&tracked);
+        // How many periods each sample covers, where more than one.
+        let mut periods: HashMap<String, f64> = HashMap::new();
+        for t in &tracked {
+            if let Some(h) = self.handles.get(t.id)
+                && let Some(at) = h.sampled_at
+            {
+                let k = (now.saturating_duration_since(at).as_secs_f64() / period.as_secs_f64())
+                    .round();
+                if k >= 2.0 {
+                    periods.insert(t.id.to_string(), k.min(IDLE_SAMPLE_EVERY as f64));
+                }
+            }
+        }
+        let sampled: Vec<String> = tracked.iter().map(|t| t.id.to_string()).collect();
         drop(tracked);
+        for id in sampled {
+            if let Some(h) = self.handles.get_mut(&id) {
+                h.sampled_at = Some(now);
+            }
+        }
         {
             let mut stats = self.stats.containers.lock().expect("stats lock");
             for (id, share) in &sample.share {
@@ -739,6 +793,8 @@ impl Controller {
         }
         self.enforce_memory(&sample);
         // Each GPU's loop gets what its members used of that GPU.
+        let by_gpu = !sample.gpu_share.is_empty();
+        let plan_gpus: Vec<u32> = self.loops.keys().copied().collect();
         let plans: Vec<Plan> = self
             .loops
             .iter_mut()
@@ -746,14 +802,14 @@ impl Controller {
                 let measured: HashMap<String, f64> = lp
                     .members()
                     .filter_map(|(id, _)| {
-                        sample
-                            .gpu_share
-                            .get(&(id.to_string(), *gpu))
+                        by_gpu
+                            .then(|| sample.gpu_share.get(&(id.to_string(), *gpu)))
+                            .flatten()
                             .or_else(|| sample.share.get(id))
                             .map(|s| (id.to_string(), *s))
                     })
                     .collect();
-                lp.step(&measured)
+                lp.step_weighted(&measured, &periods)
             })
             .collect();
         *self.stats.loop_seconds.lock().expect("stats lock") =
@@ -762,7 +818,19 @@ impl Controller {
         let mut boundaries: Vec<f64> = plans.iter().flat_map(Plan::boundaries).collect();
         boundaries.sort_by(f64::total_cmp);
         boundaries.dedup_by(|a, b| (*a - *b).abs() < 1e-6);
-        let ids: Vec<String> = self.handles.keys().cloned().collect();
+        // Each container with the plans of the GPUs it holds.
+        let members: Vec<(String, Vec<usize>)> = self
+            .handles
+            .iter()
+            .map(|(id, h)| {
+                let of: Vec<usize> = h
+                    .gpus
+                    .iter()
+                    .filter_map(|g| plan_gpus.binary_search(g).ok())
+                    .collect();
+                (id.clone(), of)
+            })
+            .collect();
         for t in boundaries {
             let at = start + period.mul_f64(t);
             if let Some(wait) = at.checked_duration_since(self.clock.now())
@@ -777,12 +845,9 @@ impl Controller {
             // Thaw first, then freeze, so a hand-over between two containers never leaves
             // the GPU idle longer than needed.
             let mut freeze = vec![];
-            for id in &ids {
+            for (id, of) in &members {
                 // Thawed only while every GPU it holds lets it run.
-                let runs = plans
-                    .iter()
-                    .filter(|p| p.windows.contains_key(id))
-                    .all(|p| p.runs_at(id, t + 1e-9));
+                let runs = of.iter().all(|&i| plans[i].runs_at(id, t + 1e-9));
                 if runs {
                     self.set_frozen(id, false, now);
                 } else {
@@ -984,9 +1049,15 @@ mod tests {
         share: Arc<Mutex<HashMap<String, f64>>>,
         memory: Arc<Mutex<HashMap<String, u64>>>,
         asked: Arc<Mutex<Vec<Vec<String>>>>,
+        /// What [`SampleSource::per_container`] answers.
+        per_container: Arc<std::sync::atomic::AtomicBool>,
     }
 
     impl SampleSource for FakeSource {
+        fn per_container(&self) -> bool {
+            self.per_container.load(Ordering::Relaxed)
+        }
+
         fn sample(&mut self, tracked: &[Tracked<'_>]) -> Sample {
             let share = self.share.lock().unwrap();
             let mut ids: Vec<String> = tracked.iter().map(|t| t.id.to_string()).collect();
@@ -1282,7 +1353,8 @@ mod tests {
         // Idle, it is still sampled every period (what it uses is charged to its debt)
         // but swept only every SWEEP_EVERY periods.
         put(&procs, "22\n");
-        h.periods(7);
+        let n = SWEEP_EVERY as usize;
+        h.periods(n - 3);
         let asked: Vec<usize> = h
             .source
             .asked
@@ -1291,12 +1363,41 @@ mod tests {
             .iter()
             .map(Vec::len)
             .collect();
-        assert_eq!(asked, [1; 10]);
+        assert_eq!(asked, vec![1; n]);
         assert_eq!(get(&child_procs), "11", "not swept since period 0");
         h.periods(1);
-        assert_eq!(get(&child_procs), "22", "swept in period 10");
+        assert_eq!(get(&child_procs), "22", "swept in period SWEEP_EVERY");
         assert_eq!(h.child_freezer(A), thawed);
         assert_eq!(h.stats("a").unwrap().freezes, 2);
+    }
+
+    /// Where a sample reads each container (sim), idle containers are sampled every other
+    /// period, busy ones every period.
+    #[test]
+    fn with_a_per_container_source_idle_containers_are_sampled_every_other_period() {
+        let mut h = Harness::new(CgroupVersion::V1, &[A, B]);
+        h.source.per_container.store(true, Ordering::Relaxed);
+        h.add("a", A, 0, Some(30), 0.0);
+        h.add("b", B, 0, Some(30), 0.3);
+        // New containers count as busy until three low samples.
+        h.periods(4);
+        h.source.asked.lock().unwrap().clear();
+        h.periods(6);
+        let asked = h.source.asked.lock().unwrap().clone();
+        let count = |id: &str| {
+            asked
+                .iter()
+                .filter(|ids| ids.iter().any(|i| i == id))
+                .count()
+        };
+        assert_eq!((count("a"), count("b")), (3, 6), "{asked:?}");
+        // It wakes up: seen within two periods, and busy again it is sampled every period.
+        h.source.share.lock().unwrap().insert("a".into(), 1.0);
+        h.periods(2);
+        h.source.asked.lock().unwrap().clear();
+        h.periods(4);
+        let asked = h.source.asked.lock().unwrap().clone();
+        assert!(asked.iter().all(|ids| ids.len() == 2), "{asked:?}");
     }
 
     #[test]

@@ -45,6 +45,13 @@ pub struct Sample {
 
 pub trait SampleSource: Send {
     fn sample(&mut self, tracked: &[Tracked<'_>]) -> Sample;
+    /// Whether a sample costs something per container tracked (sim: a read of its cgroup's
+    /// CPU time) and covers the time since that container's own last sample, so that idle
+    /// containers may be sampled every other period. NVML reads each GPU once, whatever the
+    /// containers: every container is sampled every period.
+    fn per_container(&self) -> bool {
+        false
+    }
 }
 
 /// Name of the file, in the directory the agent mounts into each sim container at
@@ -60,23 +67,22 @@ pub struct SimSource {
     state_dir: PathBuf,
     last: HashMap<String, (u64, Instant)>,
     /// Each tracked container's CPU accounting file, kept open and read with `pread` (one
-    /// syscall a sample instead of an open, a read and a close), by the path it was opened
-    /// at (a container's cgroup never moves, but its id could be reused).
+    /// syscall a sample instead of an open, a read and a close), with the cgroup directory
+    /// it was opened in (a container's cgroup never moves, but its id could be reused).
     usage: HashMap<String, (PathBuf, std::fs::File)>,
     /// Samples taken: memory declarations are read every [`DECLARATION_EVERY`] samples.
     samples: u64,
 }
 
-/// Samples between two reads of the sim memory declarations (at the 100 ms period, twice a
+/// Samples between two reads of the sim memory declarations (at the 100 ms period, once a
 /// second: memory is the limiter's to enforce, this is the backstop).
-const DECLARATION_EVERY: u64 = 5;
+const DECLARATION_EVERY: u64 = 10;
 
-/// Reads a cgroupfs file from its start through an open handle.
-fn pread_string(file: &std::fs::File) -> std::io::Result<String> {
+/// Reads a cgroupfs file from its start through an open handle into `buf`.
+fn pread_str<'b>(file: &std::fs::File, buf: &'b mut [u8]) -> std::io::Result<&'b str> {
     use std::os::unix::fs::FileExt;
-    let mut buf = [0u8; 4096];
-    let n = file.read_at(&mut buf, 0)?;
-    String::from_utf8(buf[..n].to_vec())
+    let n = file.read_at(buf, 0)?;
+    std::str::from_utf8(&buf[..n])
         .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
 }
 
@@ -119,18 +125,20 @@ impl SimSource {
     /// The container's CPU time, through its kept-open accounting file (opened on first use,
     /// dropped and opened again when a read fails).
     fn cpu_usage(&mut self, t: &Tracked<'_>) -> Option<u64> {
-        let (_, path) = t.cgroup.cpu_usage_file();
+        let dir = t.cgroup.cpu_dir();
         let fresh = match self.usage.get(t.id) {
-            Some((p, _)) if *p == path => false,
+            Some((d, _)) if d.as_os_str() == dir.as_os_str() => false,
             _ => {
+                let (_, path) = t.cgroup.cpu_usage_file();
                 let file = std::fs::File::open(&path).ok()?;
-                self.usage.insert(t.id.to_string(), (path.clone(), file));
+                self.usage
+                    .insert(t.id.to_string(), (dir.to_path_buf(), file));
                 true
             }
         };
-        let read = pread_string(&self.usage[t.id].1);
-        match read {
-            Ok(data) => t.cgroup.parse_cpu_usage(path, data).ok(),
+        let mut buf = [0u8; 1024];
+        match pread_str(&self.usage[t.id].1, &mut buf) {
+            Ok(data) => t.cgroup.cpu_usage_from(data),
             Err(_) => {
                 self.usage.remove(t.id);
                 if fresh { None } else { self.cpu_usage(t) }
@@ -140,6 +148,10 @@ impl SimSource {
 }
 
 impl SampleSource for SimSource {
+    fn per_container(&self) -> bool {
+        true
+    }
+
     fn sample(&mut self, tracked: &[Tracked<'_>]) -> Sample {
         let now = Instant::now();
         let mut out = Sample::default();
@@ -154,14 +166,19 @@ impl SampleSource for SimSource {
             let Some(cpu) = self.cpu_usage(t) else {
                 continue;
             };
-            if let Some((prev_cpu, prev_at)) = self.last.get(t.id) {
-                let wall = now.duration_since(*prev_at).as_nanos() as f64;
-                if wall > 0.0 {
-                    let share = cpu.saturating_sub(*prev_cpu) as f64 / wall;
-                    out.share.insert(t.id.to_string(), share.clamp(0.0, 1.0));
+            match self.last.get_mut(t.id) {
+                Some((prev_cpu, prev_at)) => {
+                    let wall = now.duration_since(*prev_at).as_nanos() as f64;
+                    if wall > 0.0 {
+                        let share = cpu.saturating_sub(*prev_cpu) as f64 / wall;
+                        out.share.insert(t.id.to_string(), share.clamp(0.0, 1.0));
+                    }
+                    (*prev_cpu, *prev_at) = (cpu, now);
+                }
+                None => {
+                    self.last.insert(t.id.to_string(), (cpu, now));
                 }
             }
-            self.last.insert(t.id.to_string(), (cpu, now));
             if !declarations {
                 continue;
             }

@@ -243,6 +243,18 @@ impl GpuLoop {
     /// One control step: `measured` is each container's share of the GPU over the last
     /// period (missing: not sampled, state kept). Returns the plan for the next period.
     pub fn step(&mut self, measured: &HashMap<String, f64>) -> Plan {
+        self.step_weighted(measured, &HashMap::new())
+    }
+
+    /// [`GpuLoop::step`] where a measurement may cover several periods: `periods[id]` (1 when
+    /// absent) is how many periods container `id`'s share was measured over (an idle
+    /// container sampled every other period), and its use beyond the quota is charged that
+    /// many times.
+    pub fn step_weighted(
+        &mut self,
+        measured: &HashMap<String, f64>,
+        periods: &HashMap<String, f64>,
+    ) -> Plan {
         let p = self.params;
         // In `burst`, a share above quota is legitimate while the active containers' quotas
         // leave time unclaimed, so windows are corrected only when the quotas fill the GPU;
@@ -283,14 +295,15 @@ impl GpuLoop {
             let Some(q) = st.quota else { continue };
             // Time used under a plan that held quotas is charged against the quota; time
             // used under a `burst` plan with unclaimed capacity was the container's to take.
+            let w = periods.get(id).copied().unwrap_or(1.0).max(1.0);
             st.debt = if self.last_correcting {
-                (st.debt + s - q).clamp(-max_credit, p.max_debt.max(0.0))
+                (st.debt + w * (s - q)).clamp(-max_credit, p.max_debt.max(0.0))
             } else {
                 // `burst` with capacity unclaimed: the container was entitled to its quota
                 // plus all of that capacity. Using more is debt; using less pays debt back
                 // but earns no credit.
                 let entitled = q + (1.0 - self.last_claimed).max(0.0);
-                (st.debt.max(0.0) + s - entitled).clamp(0.0, p.max_debt.max(0.0))
+                (st.debt.max(0.0) + w * (s - entitled)).clamp(0.0, p.max_debt.max(0.0))
             };
             st.run = if correct {
                 (q - gain * st.debt).clamp(0.0, (q + p.max_boost).min(1.0))
@@ -745,5 +758,26 @@ mod tests {
             plan.windows["a"][0].start.abs() < 1e-9,
             "measured: ids order again {plan:?}"
         );
+    }
+
+    /// A share measured over two periods is charged twice: an idle 10 % container that
+    /// wakes up and spins is measured at 100 % over the two periods since its last sample,
+    /// and owes 1.8 periods, as if it had been sampled every period.
+    #[test]
+    fn a_share_measured_over_two_periods_is_charged_twice() {
+        let mut every = GpuLoop::new(Params::default());
+        let mut other = GpuLoop::new(Params::default());
+        for lp in [&mut every, &mut other] {
+            lp.set_members(&members(&[("a", Some(0.1))]));
+            lp.step(&HashMap::new());
+        }
+        every.step(&[("a".to_string(), 1.0)].into());
+        let e = every.step(&[("a".to_string(), 1.0)].into());
+        let o = other.step_weighted(
+            &[("a".to_string(), 1.0)].into(),
+            &[("a".to_string(), 2.0)].into(),
+        );
+        assert_eq!(e, o);
+        assert!(e.windows["a"].is_empty(), "paying back: {e:?}");
     }
 }
