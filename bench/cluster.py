@@ -36,8 +36,14 @@ import time
 import urllib.parse
 
 TRACE_DIR = os.environ.get("BENCH_TRACE_DIR", "")
-GPU_MEMORY_MIB = 16_000  # src/simulate/trace.rs: TRACE_GPU_MEMORY_MIB
-MIB_PER_MILLI = GPU_MEMORY_MIB // 1000
+# The simulator's trace GPU has 16,000 MiB, 16 MiB per milli (src/simulate/trace.rs). Here a
+# GPU has 17,000 MiB, 17 MiB per milli: the same fractions, but the API server stores a
+# quantity that is a multiple of 1000 as "16k" (its canonical form), which the extender
+# refuses as not an integer; with 17 MiB per milli no share (milli < 1000) is one. A whole
+# GPU asks 16,999 MiB of each GPU for the same reason (the MiB left fits no trace pod).
+MIB_PER_MILLI = 17
+GPU_MEMORY_MIB = 1000 * MIB_PER_MILLI
+WHOLE_GPU_MIB = GPU_MEMORY_MIB - 1
 NS = "bench"
 M64 = (1 << 64) - 1
 
@@ -213,18 +219,24 @@ def cmd_pods_trace(seed, load, out):
     pods.sort(key=lambda p: p["name"])
     seq = arrivals(pods, capacity, seed, load)
     docs, meta = [], []
+    arrived = 0
     for k, i in enumerate(seq):
         p = pods[i]
+        # Below 100 % the sequence is every pod of the list; the pods past LOAD % (bin LOAD)
+        # change nothing at LOAD, so they are left out.
+        arrived += p["num_gpu"] * p["gpu_milli"]
+        if round(arrived / capacity * 100) > load:
+            break
         name = f"t{k:05d}-{p['name']}"
         lim = {}
         if p["num_gpu"] == 1 and p["gpu_milli"] < 1000:
-            # One GPU shared: the fraction of its memory (16 MiB per milli, as the simulator
-            # takes it); memory-only, see bench/cluster.sh for why.
+            # One GPU shared: the fraction of its memory (as the simulator takes it);
+            # memory-only, see bench/cluster.sh for why.
             lim = {"aliyun.com/gpu-mem": str(p["gpu_milli"] * MIB_PER_MILLI)}
         elif p["num_gpu"] >= 1:
             # Whole GPUs: all of each GPU's memory (nobody else fits beside it).
             lim = {"aliyun.com/gpu-count": str(p["num_gpu"]),
-                   "aliyun.com/gpu-mem": str(p["num_gpu"] * GPU_MEMORY_MIB)}
+                   "aliyun.com/gpu-mem": str(p["num_gpu"] * WHOLE_GPU_MIB)}
         docs.append(pod_doc(name, p["cpu_milli"], p["memory_mib"], lim))
         meta.append({"name": name, "demand": p["num_gpu"] * p["gpu_milli"]})
     write_lines(out, docs)
@@ -475,6 +487,15 @@ def cmd_check_trace(meta_file, pods_json, nodes_json, out):
             for s in shares:
                 used[(node, s["gpuIndex"])] = used.get((node, s["gpuIndex"]), 0) + s["memoryMiB"]
     over = sum(1 for k, v in used.items() if v > caps.get(k, 0))
+    reasons = {}
+    for p, node, _ in assignments(pods_json):
+        if node or p["metadata"]["name"] not in demand:
+            continue
+        msg = next((c.get("message", "") for c in p.get("status", {}).get("conditions") or []
+                    if c.get("type") == "PodScheduled"), "no verdict")
+        msg = msg.split(": ", 1)[-1][:160]
+        key = f"demand {demand[p['metadata']['name']]}: {msg}"
+        reasons[key] = reasons.get(key, 0) + 1
     # The simulator's measure (replay.rs): after each attempt, in arrival order, the allocated
     # share of capacity is recorded against the arrived demand, binned by whole percent; the
     # value at a load is the mean over its bin. Pods never leave, so a pod's outcome here is
@@ -490,7 +511,7 @@ def cmd_check_trace(meta_file, pods_json, nodes_json, out):
         s, k = bins.get(b, (0.0, 0))
         bins[b] = (s + alloc / cap * 100, k + 1)
     at = {str(load): round(100 - bins[load][0] / bins[load][1], 2)
-          for load in (90, 95, 100, 110, 130) if load in bins}
+          for load in sorted({90, 95, 100, 110, 130, meta["max_load"]}) if load in bins}
     res = {
         "seed": meta["seed"], "max_load": meta["max_load"], "pods": len(demand),
         "unallocated_at_load_pct": at,
@@ -499,6 +520,7 @@ def cmd_check_trace(meta_file, pods_json, nodes_json, out):
         "allocated_pct": round(allocated / cap * 100, 2),
         "unallocated_pct": round(100 - allocated / cap * 100, 2),
         "overcommitted_gpus": over,
+        "unbound_reasons": dict(sorted(reasons.items(), key=lambda kv: -kv[1])[:15]),
     }
     json.dump(res, open(out, "w"), indent=1)
     print(json.dumps(res))

@@ -371,7 +371,18 @@ if [[ ,$BENCH_PARTS, == *,b,* ]]; then
     sim=$(find "$BENCH_OUT/simulate" -name '*.json' | head -1)
     [[ -n $sim ]] || die "gpushare simulate wrote no JSON under $BENCH_OUT/simulate"
     cp "$sim" "$BENCH_OUT/b-simulate.json"
-    log "(b) cluster: $(jq -c . "$BENCH_OUT/b-cluster.json")"
+    jq -n --slurpfile c "$BENCH_OUT/b-cluster.json" --slurpfile s "$BENCH_OUT/b-simulate.json" \
+        --arg l "$BENCH_LOAD" \
+        '($s[0].results[0]) as $r |
+         {seed: $c[0].seed, load_pct: ($l|tonumber), pods: $c[0].pods,
+          simulate_attempts: $r.attempts,
+          cluster_failed: $c[0].failed, simulate_failed: $r.failed,
+          cluster_unallocated_pct: $c[0].unallocated_at_load_pct[$l],
+          simulate_unallocated_pct: $r.unallocated_pct[$l].median,
+          diff_points: ((($c[0].unallocated_at_load_pct[$l] - $r.unallocated_pct[$l].median) * 100 | round) / 100),
+          goal_points: 0.5, overcommitted_gpus: $c[0].overcommitted_gpus}' >"$BENCH_OUT/b.json"
+    log "(b) $(jq -c . "$BENCH_OUT/b.json")"
+    add b "$BENCH_OUT/b.json"
     add b_cluster "$BENCH_OUT/b-cluster.json"
     add b_run "$BENCH_OUT/b-run.json"
     add b_simulate "$BENCH_OUT/b-simulate.json"
