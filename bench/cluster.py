@@ -280,36 +280,66 @@ class Watch(threading.Thread):
         self.cond = threading.Condition(self.lock)
         self.error = None
 
-    def run(self):
-        try:
-            c = conn()
-            path = (f"/api/v1/namespaces/{NS}/pods?watch=1&allowWatchBookmarks=false"
-                    f"&resourceVersion={self.rv}&timeoutSeconds=3600")
-            c.request("GET", path, headers={"Accept": "application/json"})
-            r = c.getresponse()
-            if r.status != 200:
-                raise RuntimeError(f"watch: HTTP {r.status}: {r.read()[:300]!r}")
-            while True:
-                line = r.readline()
-                if not line:
-                    raise RuntimeError("watch ended")
-                ev = json.loads(line)
-                obj = ev.get("object", {})
-                name = obj.get("metadata", {}).get("name")
-                now = time.monotonic()
-                with self.cond:
-                    if obj.get("spec", {}).get("nodeName") and name not in self.bound:
-                        self.bound[name] = now
-                        self.cond.notify_all()
-                    for cnd in obj.get("status", {}).get("conditions", []) or []:
-                        if (cnd.get("type") == "PodScheduled" and cnd.get("status") == "False"
-                                and name not in self.unsched):
-                            self.unsched[name] = now
-                            self.cond.notify_all()
-        except Exception as e:  # noqa: BLE001 - reported by the waiter
-            with self.cond:
-                self.error = e
+    def note(self, obj, now):
+        name = obj.get("metadata", {}).get("name")
+        if obj.get("spec", {}).get("nodeName") and name not in self.bound:
+            self.bound[name] = now
+            self.cond.notify_all()
+        for cnd in obj.get("status", {}).get("conditions", []) or []:
+            if (cnd.get("type") == "PodScheduled" and cnd.get("status") == "False"
+                    and name not in self.unsched):
+                self.unsched[name] = now
                 self.cond.notify_all()
+
+    def relist(self):
+        c = conn()
+        st, data = request(c, "GET", f"/api/v1/namespaces/{NS}/pods")
+        if st != 200:
+            raise RuntimeError(f"list: HTTP {st}")
+        lst = json.loads(data)
+        now = time.monotonic()
+        with self.cond:
+            for obj in lst["items"]:
+                self.note(obj, now)
+        self.rv = lst["metadata"]["resourceVersion"]
+
+    def run(self):
+        # The API server closes a watch whose reader falls behind: watch again from the last
+        # resource version seen (or re-list when that is too old); `reconnects` counts it.
+        self.reconnects = 0
+        while True:
+            try:
+                c = conn()
+                path = (f"/api/v1/namespaces/{NS}/pods?watch=1&allowWatchBookmarks=true"
+                        f"&resourceVersion={self.rv}&timeoutSeconds=3600")
+                c.request("GET", path, headers={"Accept": "application/json"})
+                r = c.getresponse()
+                if r.status != 200:
+                    raise RuntimeError(f"watch: HTTP {r.status}: {r.read()[:300]!r}")
+                while True:
+                    line = r.readline()
+                    if not line:
+                        break
+                    ev = json.loads(line)
+                    obj = ev.get("object", {})
+                    if ev.get("type") == "ERROR":
+                        self.relist()
+                        break
+                    self.rv = obj.get("metadata", {}).get("resourceVersion", self.rv)
+                    if ev.get("type") == "BOOKMARK":
+                        continue
+                    now = time.monotonic()
+                    with self.cond:
+                        self.note(obj, now)
+            except (OSError, http.client.HTTPException, ValueError) as e:
+                self.last_error = e
+            except Exception as e:  # noqa: BLE001 - reported by the waiter
+                with self.cond:
+                    self.error = e
+                    self.cond.notify_all()
+                return
+            self.reconnects += 1
+            time.sleep(0.1)
 
 
 def cmd_run(pods_file, result, parallel=8, timeout=1800):
@@ -390,6 +420,7 @@ def cmd_run(pods_file, result, parallel=8, timeout=1800):
         "first_created_to_last_bound_s": round(last - t0, 3),
         "pods_per_s": round(len(bound) / (last - t0), 1) if bound and last > t0 else None,
         "timed_out": time.monotonic() >= deadline,
+        "watch_reconnects": w.reconnects,
     }
     with open(result, "w") as f:
         json.dump(out, f, indent=1)

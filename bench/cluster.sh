@@ -271,6 +271,35 @@ delete_pods() {
 
 load_avg() { cut -d' ' -f1-3 /proc/loadavg; }
 
+# cpu_snapshot: {component: CPU seconds used so far} for the cluster's processes.
+cpu_snapshot() {
+    local n pid hz ticks out=()
+    hz=$(getconf CLK_TCK)
+    for n in etcd apiserver scheduler extender kwok; do
+        pid=$(_k8s_pid "$n") || continue
+        # utime + stime: fields 14 and 15 of /proc/PID/stat (after the parenthesized name).
+        ticks=$(sed 's/^.*) //' "/proc/$pid/stat" | awk '{print $12 + $13}')
+        out+=("\"$n\": $(awk -v t="$ticks" -v h="$hz" 'BEGIN{printf "%.2f", t / h}')")
+    done
+    local IFS=,
+    echo "{${out[*]}}"
+}
+
+# measure NAME PODS-FILE OUT-JSON [run options...]: the run, with the load average and the
+# CPU seconds each component used during it.
+measure() {
+    local name=$1 pods=$2 out=$3 before after
+    shift 3
+    before=$(cpu_snapshot)
+    log "$name (load $(load_avg))"
+    "${PY[@]}" run "$pods" "$out" "$@"
+    after=$(cpu_snapshot)
+    jq --arg l "$(load_avg)" --argjson b "$before" --argjson a "$after" \
+        '.load_after = $l | .cpu_s = ($a | with_entries(.value = ((.value - ($b[.key] // 0)) * 100 | round) / 100))' \
+        "$out" >"$out.tmp" && mv "$out.tmp" "$out"
+    log "$name: $(jq -c '{pods_per_s, first_created_to_last_bound_s, bound, cpu_s}' "$out")"
+}
+
 # ------------------------------------------------------------------ main ----
 [[ $(id -u) -eq 0 ]] || die "needs root (as tests/e2e-k8s does)"
 command -v python3 >/dev/null || die "python3 not found"
@@ -326,15 +355,14 @@ if [[ ,$BENCH_PARTS, == *,a,* ]]; then
     "${PY[@]}" pods-share "$BENCH_PODS" "$root/pods-plain.jsonl" --plain
     "${PY[@]}" pods-share "$BENCH_PODS" "$root/pods-share.jsonl"
     start_scheduler 0 0
-    log "(a) $BENCH_PODS pods without GPU limits, kube-scheduler alone (load $(load_avg))"
-    "${PY[@]}" run "$root/pods-plain.jsonl" "$BENCH_OUT/a-plain.json" --parallel "$BENCH_PARALLEL"
-    jq --arg l "$(load_avg)" '.load_after = $l' "$BENCH_OUT/a-plain.json" >"$root/x" && mv "$root/x" "$BENCH_OUT/a-plain.json"
+    measure "(a) $BENCH_PODS pods without GPU limits, kube-scheduler alone" \
+        "$root/pods-plain.jsonl" "$BENCH_OUT/a-plain.json" --parallel "$BENCH_PARALLEL"
     delete_pods
     start_extender
     start_scheduler 1 0
-    log "(a) $BENCH_PODS GPU-share pods, kube-scheduler + extender (load $(load_avg))"
-    "${PY[@]}" run "$root/pods-share.jsonl" "$BENCH_OUT/a-extender.json" --parallel "$BENCH_PARALLEL"
-    jq --arg l "$(load_avg)" '.load_after = $l' "$BENCH_OUT/a-extender.json" >"$root/x" && mv "$root/x" "$BENCH_OUT/a-extender.json"
+    measure "(a) $BENCH_PODS GPU-share pods, kube-scheduler + extender" \
+        "$root/pods-share.jsonl" "$BENCH_OUT/a-extender.json" --parallel "$BENCH_PARALLEL"
+    curl -fs "http://127.0.0.1:$EXT_PORT/metrics" >"$BENCH_OUT/a-extender-metrics.txt" || true
     k8s_kubectl get nodes -l type=kwok --chunk-size=0 -o json >"$root/nodes.json"
     k8s_kubectl -n bench get pods --chunk-size=0 -o json >"$root/pods.json"
     "${PY[@]}" check-share "$root/nodes.json" "$root/pods.json" "$BENCH_OUT/a-check.json"
@@ -358,8 +386,9 @@ if [[ ,$BENCH_PARTS, == *,b,* ]]; then
     "${PY[@]}" pods-trace "$BENCH_SEED" "$BENCH_LOAD" "$root/pods-trace.jsonl" >&2
     start_extender
     start_scheduler 1 1
-    log "(b) openb default, seed $BENCH_SEED, up to $BENCH_LOAD % arrived load, in order (load $(load_avg))"
-    "${PY[@]}" run "$root/pods-trace.jsonl" "$BENCH_OUT/b-run.json" --parallel 1 --timeout 3600
+    measure "(b) openb default, seed $BENCH_SEED, up to $BENCH_LOAD % arrived load, in order" \
+        "$root/pods-trace.jsonl" "$BENCH_OUT/b-run.json" --parallel 1 --timeout 3600
+    curl -fs "http://127.0.0.1:$EXT_PORT/metrics" >"$BENCH_OUT/b-extender-metrics.txt" || true
     k8s_kubectl get nodes -l type=kwok --chunk-size=0 -o json >"$root/nodes.json"
     k8s_kubectl -n bench get pods --chunk-size=0 -o json >"$root/pods.json"
     "${PY[@]}" check-trace "$root/pods-trace.jsonl.meta.json" "$root/pods.json" "$root/nodes.json" \
