@@ -31,6 +31,7 @@
 #
 # Settings (environment): BENCH_PODS (2000), BENCH_SEED (42), BENCH_LOAD (100),
 # BENCH_PARALLEL (pod creation requests in flight for (a), 16), BENCH_PARTS (a,b),
+# BENCH_POLICY (the extender's and the simulator's policy, gpushare),
 # GPUSHARE_BIN (target/release/gpushare; copied to ROOT first), BENCH_OUT
 # (target/bench/cluster), BENCH_KEEP_LOGS=1 (copy the components' logs to BENCH_OUT/logs).
 # Ports (loopback): BENCH_ETCD_PORT 24790 (+10), BENCH_API_PORT 17443, BENCH_SCHEDULER_PORT
@@ -50,6 +51,7 @@ BENCH_SEED=${BENCH_SEED:-42}
 BENCH_LOAD=${BENCH_LOAD:-100}
 BENCH_PARALLEL=${BENCH_PARALLEL:-16}
 BENCH_PARTS=${BENCH_PARTS:-a,b}
+BENCH_POLICY=${BENCH_POLICY:-gpushare}
 GPUSHARE_BIN=${GPUSHARE_BIN:-$E2E_REPO/target/release/gpushare}
 TRACE_DIR=${BENCH_TRACE_DIR:-$E2E_REPO/../shared/traces/openb}
 EXT_PORT=${BENCH_EXT_PORT:-40999}
@@ -182,7 +184,7 @@ start_extender() {
     _k8s_start extender "$K8S_ROOT/gpushare" scheduler \
         --listen "127.0.0.1:$EXT_PORT" --insecure-http \
         --kubeconfig "$K8S_ROOT/admin.kubeconfig" \
-        --policy gpushare --memory-unit MiB --log-level warn
+        --policy "$BENCH_POLICY" --memory-unit MiB --log-level warn
     _k8s_wait extender 60 "extender /healthz (synced)" \
         curl -fs --max-time 2 "http://127.0.0.1:$EXT_PORT/healthz"
 }
@@ -394,7 +396,7 @@ if [[ ,$BENCH_PARTS, == *,b,* ]]; then
     "${PY[@]}" check-trace "$root/pods-trace.jsonl.meta.json" "$root/pods.json" "$root/nodes.json" \
         "$BENCH_OUT/b-cluster.json"
     "$root/gpushare" simulate --nodes "$TRACE_DIR/openb_node_list_gpu_node.csv" \
-        --pods "$TRACE_DIR/openb_pod_list_default.csv" --policy gpushare --seeds 1 \
+        --pods "$TRACE_DIR/openb_pod_list_default.csv" --policy "$BENCH_POLICY" --seeds 1 \
         --seed-base "$BENCH_SEED" --max-load "$BENCH_LOAD" --json --out "$BENCH_OUT/simulate" \
         >"$BENCH_OUT/simulate.out" 2>&1 || die "gpushare simulate failed: $(tail -5 "$BENCH_OUT/simulate.out")"
     sim=$(find "$BENCH_OUT/simulate" -name '*.json' | head -1)
@@ -403,7 +405,7 @@ if [[ ,$BENCH_PARTS, == *,b,* ]]; then
     jq -n --slurpfile c "$BENCH_OUT/b-cluster.json" --slurpfile s "$BENCH_OUT/b-simulate.json" \
         --arg l "$BENCH_LOAD" \
         '($s[0].results[0]) as $r |
-         {seed: $c[0].seed, load_pct: ($l|tonumber), pods: $c[0].pods,
+         {policy: $r.policy, seed: $c[0].seed, load_pct: ($l|tonumber), pods: $c[0].pods,
           simulate_attempts: $r.attempts,
           cluster_failed: $c[0].failed, simulate_failed: $r.failed,
           cluster_unallocated_pct: $c[0].unallocated_at_load_pct[$l],
