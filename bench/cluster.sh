@@ -22,16 +22,20 @@
 #     fractions (e.g. 46 %) are not multiples of 5 % as a compute quota must be, while in the
 #     simulator a pod's core share always equals its memory share, so the memory share alone
 #     decides the same fits; whole-GPU pods ask gpu-count k and all of those GPUs' memory;
-#   - (b) kube-scheduler scores every node (percentageOfNodesToScore 100) and its own score
-#     plugins are off, so the extender's prioritize ranks nodes as the simulator's policy does
-#     (kube-scheduler breaks ties at random, as the simulator's tie order does);
+#   - (b) kube-scheduler scores every node (percentageOfNodesToScore 100) and of its own score
+#     plugins only NodeResourcesFit (MostAllocated, weight 1) is on: the extender's prioritize
+#     ranks the nodes for GPU pods (one extender point outweighs it), NodeResourcesFit breaks
+#     the extender's ties and packs the pods without GPUs, which the extender never sees (with
+#     every plugin off they land at random: 4 points more unallocated, BENCHMARKS.md);
 #   - kube-scheduler's client QPS/burst 5000/10000; the apiserver's in-flight limits raised and
 #     API priority and fairness off; KWOK runs only the node-initialize stage (nodes Ready, no
 #     pod lifecycle, node leases renewed every 15 min); the extender uses the admin identity.
 #
 # Settings (environment): BENCH_PODS (2000), BENCH_SEED (42), BENCH_LOAD (100),
 # BENCH_PARALLEL (pod creation requests in flight for (a), 16), BENCH_PARTS (a,b),
-# BENCH_POLICY (the extender's and the simulator's policy, gpushare),
+# BENCH_POLICY (the extender's and the simulator's policy, gpushare), BENCH_TRACE_FIT ((b):
+# MostAllocated (default) / LeastAllocated: of kube-scheduler's score plugins only
+# NodeResourcesFit, with that strategy; none: all off),
 # GPUSHARE_BIN (target/release/gpushare; copied to ROOT first), BENCH_OUT
 # (target/bench/cluster), BENCH_KEEP_LOGS=1 (copy the components' logs to BENCH_OUT/logs).
 # Ports (loopback): BENCH_ETCD_PORT 24790 (+10), BENCH_API_PORT 17443, BENCH_SCHEDULER_PORT
@@ -52,6 +56,7 @@ BENCH_LOAD=${BENCH_LOAD:-100}
 BENCH_PARALLEL=${BENCH_PARALLEL:-16}
 BENCH_PARTS=${BENCH_PARTS:-a,b}
 BENCH_POLICY=${BENCH_POLICY:-gpushare}
+BENCH_TRACE_FIT=${BENCH_TRACE_FIT:-MostAllocated}
 GPUSHARE_BIN=${GPUSHARE_BIN:-$E2E_REPO/target/release/gpushare}
 TRACE_DIR=${BENCH_TRACE_DIR:-$E2E_REPO/../shared/traces/openb}
 EXT_PORT=${BENCH_EXT_PORT:-40999}
@@ -147,6 +152,26 @@ profiles:
       disabled:
       - name: '*'
 EOF
+        if [[ $BENCH_TRACE_FIT != none ]]; then
+            # NodeResourcesFit alone scores CPU and memory (weight 1: at most 100 points, one
+            # extender point is 100): it places the pods without GPUs, which the extender
+            # never sees, and breaks the extender's ties.
+            cat >>"$f" <<EOF
+      enabled:
+      - name: NodeResourcesFit
+        weight: 1
+  pluginConfig:
+  - name: NodeResourcesFit
+    args:
+      scoringStrategy:
+        type: $BENCH_TRACE_FIT
+        resources:
+        - name: cpu
+          weight: 1
+        - name: memory
+          weight: 1
+EOF
+        fi
     fi
     if ((ext)); then
         cat >>"$f" <<EOF
