@@ -6,7 +6,7 @@ CARGO ?= cargo
 BIN := target/release/gpushare
 comma := ,
 
-.PHONY: all build demo test unit fuzz e2e e2e-runtime e2e-chaos e2e-hooks e2e-crio e2e-bootstrap e2e-k8s e2e-install conformance lint bench bench-throttle bench-pack bench-extender deps gpu-check dashboard-png
+.PHONY: all build demo test unit fuzz e2e e2e-runtime e2e-chaos e2e-hooks e2e-crio e2e-bootstrap e2e-k8s e2e-install conformance lint bench bench-throttle bench-pack bench-extender bench-cluster deps gpu-check dashboard-png
 
 all: build
 
@@ -173,6 +173,16 @@ bench-pack: build
 	$(BIN) simulate --nodes $(OPENB)/openb_node_list_gpu_node.csv \
 		--pods $(subst $(eval) ,$(comma),$(foreach t,$(PACK_TRACES),$(OPENB)/openb_pod_list_$(t).csv)) \
 		--policy gpushare,fgd,bestfit,binpack,spread --seeds 10 --out target/bench/pack
+
+# The extender end to end at cluster scale (bench/cluster.sh): etcd, kube-apiserver and
+# kube-scheduler with `gpushare scheduler` as its extender, the openb cluster's 1,213 GPU nodes
+# as KWOK fake nodes (peers built into target/peers from the Go module proxy). (a) pods bound
+# per second with the extender vs kube-scheduler alone and over-committed GPUs; (b) an openb
+# trace replayed in one simulate seed's order vs `gpushare simulate`. Needs root, go, python3,
+# jq; writes target/bench/cluster/. Never part of make test.
+bench-cluster: build
+	@test -n "$(OPENB)" || { echo "bench-cluster: openb trace not found; make bench-cluster OPENB=DIR"; exit 1; }
+	BENCH_TRACE_DIR=$(OPENB) GPUSHARE_BIN=$(TARGET_DIR)/release/gpushare bash bench/cluster.sh
 
 # The device check (issue 10): on a machine with an NVIDIA GPU, its driver and PyTorch, with
 # binaries built beforehand (make build); writes target/gpu-check/gpu-check.{json,log}. Never

@@ -19,7 +19,7 @@
 #   k8s_kubectl apply -f pod.yaml
 #
 # Public functions:
-#   k8s_build_peers        build missing binaries into target/peers/k8s-VERSION/
+#   k8s_build_peers [BIN...]  build missing binaries into target/peers/k8s-VERSION/
 #   k8s_up ROOT            start everything under ROOT; waits until the node is Ready
 #   k8s_down               stop everything, unmount, remove ROOT (EXIT-trap safe,
 #                          idempotent, returns 0)
@@ -123,12 +123,13 @@ k8s_log() { echo "k8s: $*" >&2; }
 k8s_node_name() { echo "${K8S_NODE_NAME:-gpushare-node}"; }
 
 # ---------------------------------------------------------------- peers ----
-# k8s_build_peers: build whichever of etcd, kube-apiserver,
-# kube-controller-manager, kube-scheduler, kubelet and kubectl is missing
-# under K8S_BIN_DIR, from the wrapper module tests/peers/k8s (static,
-# -trimpath, version stamped like a release build). Prints what it builds.
+# k8s_build_peers [BIN...]: build whichever of etcd, kube-apiserver,
+# kube-controller-manager, kube-scheduler, kubelet and kubectl (or of etcd and
+# the BINs named) is missing under K8S_BIN_DIR, from the wrapper module
+# tests/peers/k8s (static, -trimpath, version stamped like a release build).
+# Prints what it builds.
 k8s_build_peers() {
-    local d=$K8S_BIN_DIR pkgs=() b ldflags k minor
+    local d=$K8S_BIN_DIR pkgs=() b ldflags k minor want=("$@")
     local -A pkg=(
         [kube-apiserver]=k8s.io/kubernetes/cmd/kube-apiserver
         [kube-controller-manager]=k8s.io/kubernetes/cmd/kube-controller-manager
@@ -143,7 +144,8 @@ k8s_build_peers() {
         ldflags+=" -X $k.gitVersion=v$K8S_VERSION -X $k.gitMajor=${K8S_VERSION%%.*}"
         ldflags+=" -X $k.gitMinor=$minor -X $k.gitTreeState=clean"
     done
-    for b in kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl; do
+    ((${#want[@]})) || want=(kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl)
+    for b in "${want[@]}"; do
         [[ -x $d/$b ]] || pkgs+=("${pkg[$b]}")
     done
     command -v go >/dev/null 2>&1 || {
