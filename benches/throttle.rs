@@ -878,6 +878,22 @@ impl Bench {
             .expect("mkfifo");
         let script = self.burn_script(c);
         c.spawn(&format!("read _ < {} && {script}", fifo.display()));
+        // In its cgroups before going on, as `runc init` is when `runc create` returns (the
+        // freezer's is written last; the controller may have swept it into its child).
+        let dir = hier("freezer").join(&c.rel);
+        let there = || {
+            [
+                dir.join("cgroup.procs"),
+                dir.join("gpushare-throttled/cgroup.procs"),
+            ]
+            .iter()
+            .any(|f| std::fs::read_to_string(f).is_ok_and(|p| !p.trim().is_empty()))
+        };
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while !there() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert!(there(), "{}: the workload never reached its cgroup", c.id);
         fifo
     }
 
