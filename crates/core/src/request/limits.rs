@@ -179,8 +179,11 @@ pub fn parse_memory_mib(field: &str, raw: &str) -> Result<u64, RequestError> {
 }
 
 /// A decimal integer, exactly: no whitespace around it (`" 2"` is refused, naming the value),
-/// an optional sign, digits only. Digits that do not fit `i64` are out of range; `range` is
-/// what the field takes, for that message (the caller checks the range itself).
+/// an optional sign, digits only — or a whole number the way the API server writes a
+/// resource quantity back (it stores `16000` as `16k`): digits with one suffix of `k`, `M`,
+/// `G`, `T`, `P`, `E` (powers of 1000), `Ki` … `Ei` (powers of 1024) or an exponent `e3` /
+/// `E3`. Values that do not fit `i64` are out of range; `range` is what the field takes, for
+/// that message (the caller checks the range itself).
 fn parse_int(field: &str, raw: &str, range: (i64, i64)) -> Result<i64, RequestError> {
     if raw.trim() != raw {
         return Err(RequestError::Whitespace {
@@ -189,16 +192,53 @@ fn parse_int(field: &str, raw: &str, range: (i64, i64)) -> Result<i64, RequestEr
             expected: "an integer",
         });
     }
-    let digits = raw.strip_prefix(['-', '+']).unwrap_or(raw);
-    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
-        return Err(RequestError::NotAnInteger {
-            field: field.to_string(),
-            value: Echo::new(raw),
-        });
+    let not_integer = || RequestError::NotAnInteger {
+        field: field.to_string(),
+        value: Echo::new(raw),
+    };
+    let signed = raw.strip_prefix(['-', '+']).unwrap_or(raw);
+    let end = signed
+        .bytes()
+        .position(|b| !b.is_ascii_digit())
+        .unwrap_or(signed.len());
+    let (digits, suffix) = signed.split_at(end);
+    if digits.is_empty() {
+        return Err(not_integer());
     }
+    let scale = quantity_scale(suffix).ok_or_else(not_integer)?;
     // All digits: a failed parse is an overflow.
-    raw.parse::<i64>()
-        .map_err(|_| out_of_range(field, raw, range))
+    let n: i64 = raw[..raw.len() - suffix.len()]
+        .parse()
+        .map_err(|_| out_of_range(field, raw, range))?;
+    n.checked_mul(scale)
+        .ok_or_else(|| out_of_range(field, raw, range))
+}
+
+/// The factor of a Kubernetes quantity suffix on a whole number (`None`: not one).
+fn quantity_scale(suffix: &str) -> Option<i64> {
+    let pow = |base: i64, n: u32| base.checked_pow(n);
+    match suffix {
+        "" => Some(1),
+        "k" => pow(1000, 1),
+        "M" => pow(1000, 2),
+        "G" => pow(1000, 3),
+        "T" => pow(1000, 4),
+        "P" => pow(1000, 5),
+        "E" => pow(1000, 6),
+        "Ki" => pow(1024, 1),
+        "Mi" => pow(1024, 2),
+        "Gi" => pow(1024, 3),
+        "Ti" => pow(1024, 4),
+        "Pi" => pow(1024, 5),
+        "Ei" => pow(1024, 6),
+        _ => {
+            let exp = suffix.strip_prefix(['e', 'E'])?;
+            if exp.is_empty() || exp.len() > 2 || !exp.bytes().all(|b| b.is_ascii_digit()) {
+                return None;
+            }
+            pow(10, exp.parse().ok()?)
+        }
+    }
 }
 
 fn out_of_range(field: &str, raw: &str, (lo, hi): (i64, i64)) -> RequestError {
@@ -496,5 +536,36 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(q.memory_mib(MemoryUnit::GiB), u64::MAX);
+    }
+
+    /// The API server writes a quantity back in its canonical form: `16000` MiB of a
+    /// memory resource counted in MiB comes back as `16k`.
+    #[test]
+    fn whole_quantities_in_the_api_servers_form_are_integers() {
+        let names = ResourceNames {
+            memory_unit: MemoryUnit::MiB,
+            ..ResourceNames::default()
+        };
+        let limits = |mem: &str| -> HashMap<String, String> {
+            [(names.memory.clone(), mem.to_string())].into()
+        };
+        for (raw, mib) in [
+            ("16k", 16_000),
+            ("16000", 16_000),
+            ("2Ki", 2048),
+            ("2e3", 2000),
+        ] {
+            let q = parse_limits(&limits(raw), &names).unwrap().unwrap();
+            assert_eq!(q.memory_units, mib, "{raw}");
+        }
+        for raw in ["1.5k", "16kb", "k", "2e", "2e123", "two"] {
+            let e = parse_limits(&limits(raw), &names).unwrap_err().to_string();
+            assert!(
+                e.contains("is not an integer") || e.contains("out of range"),
+                "{raw}: {e}"
+            );
+        }
+        let e = parse_limits(&limits("9E"), &names).unwrap_err().to_string();
+        assert!(e.contains("out of range"), "{e}");
     }
 }
