@@ -111,11 +111,11 @@ async fn full_session_over_the_multiplexer() {
         .configure(ctx(), &ConfigureRequest::default())
         .await
         .unwrap();
-    // CreateContainer(4), StartContainer(6), UpdateContainer(8), StopContainer(10),
-    // RemoveContainer(11): bits 3, 5, 7, 9, 10.
+    // CreateContainer(4), PostCreateContainer(5), StartContainer(6), UpdateContainer(8),
+    // StopContainer(10), RemoveContainer(11): bits 3, 4, 5, 7, 9, 10.
     assert_eq!(
         conf.events,
-        (1 << 3) | (1 << 5) | (1 << 7) | (1 << 9) | (1 << 10)
+        (1 << 3) | (1 << 4) | (1 << 5) | (1 << 7) | (1 << 9) | (1 << 10)
     );
 
     // Split synchronize; the first chunk carries ~2 MiB of annotations (hundreds of frames).
