@@ -882,12 +882,12 @@ impl Bench {
         // freezer's is written last; the controller may have swept it into its child).
         let dir = hier("freezer").join(&c.rel);
         let there = || {
-            [
-                dir.join("cgroup.procs"),
-                dir.join("gpushare-throttled/cgroup.procs"),
-            ]
-            .iter()
-            .any(|f| std::fs::read_to_string(f).is_ok_and(|p| !p.trim().is_empty()))
+            [dir.clone(), dir.join(controller::THROTTLED_CHILD)]
+                .iter()
+                .any(|d| {
+                    std::fs::read_to_string(d.join("cgroup.procs"))
+                        .is_ok_and(|p| !p.trim().is_empty())
+                })
         };
         let deadline = Instant::now() + Duration::from_secs(2);
         while !there() && Instant::now() < deadline {

@@ -417,16 +417,8 @@ impl ContainerCgroup {
 
     /// The CPU time, ns, in what [`cpu_usage_file`](Self::cpu_usage_file) read.
     pub fn parse_cpu_usage(&self, path: PathBuf, data: String) -> Result<u64, CgroupError> {
-        match self.version {
-            CgroupVersion::V1 => data
-                .trim()
-                .parse()
-                .map_err(|_| CgroupError::Parse { path, data }),
-            CgroupVersion::V2 => flat_keyed(&data, "usage_usec")
-                .and_then(|v| v.parse::<u64>().ok())
-                .and_then(|usec| usec.checked_mul(1000))
-                .ok_or(CgroupError::Parse { path, data }),
-        }
+        self.cpu_usage_from(&data)
+            .ok_or(CgroupError::Parse { path, data })
     }
 
     /// PIDs (thread-group ids) in the cgroup itself, from `cgroup.procs` of the freezer
