@@ -16,6 +16,12 @@
 #                          pod of the runtime handler `gpushare` (runc = gpushare-runtime),
 #                          "without" one of the plain runc handler, the agent serving the
 #                          wrapper throughout.
+#   GPUSHARE_BENCH_BASELINE  plain (default) or adjusted (wrapper path, GPU pods): the
+#                          "without" pod's container config carries, through CRI, what the
+#                          wrapper adds to the "with" pod's container (device nodes, env, the
+#                          limiter's mounts, the CPU pin of the sim GPU: copied once from a
+#                          probe container), so the difference is the wrapper itself, not the
+#                          adjustment that every GPU container pays (the NRI path too)
 #
 # Design (for a fair comparison):
 #   * One containerd 2.x instance (tests/e2e/lib.sh), one pod and container config for both
@@ -108,13 +114,76 @@ plain) POD_ANN='{}' CTR_ANN='{}' ;;
 *) echo "bench: GPUSHARE_BENCH_POD must be gpu or plain" >&2; exit 2 ;;
 esac
 
+BASELINE=${GPUSHARE_BENCH_BASELINE:-plain}
+case $BASELINE in
+plain) ;;
+adjusted)
+    [[ $BENCH_PATH == wrapper && $POD_KIND == gpu ]] || {
+        echo "bench: GPUSHARE_BENCH_BASELINE=adjusted needs GPUSHARE_BENCH_PATH=wrapper and GPU pods" >&2
+        exit 2
+    }
+    ;;
+*) echo "bench: GPUSHARE_BENCH_BASELINE must be plain or adjusted" >&2; exit 2 ;;
+esac
+OFF_EXTRA='{}' # the "without" container's extra CRI config (adjusted baseline)
+
+# bundle_spec CTR: the OCI spec runc got for container CTR (after the wrapper, if any).
+bundle_spec() { cat "$E2E_ROOT/state/io.containerd.runtime.v2.task/k8s.io/$1/config.json"; }
+
+# adjusted_baseline: runs one container through the wrapper and one through plain runc, and
+# sets OFF_EXTRA to the CRI container config that gives the plain one what the wrapper added:
+# its devices (host nodes of the sim backend), env, mounts (sources copied, since the agent
+# removes them with the container) and CPU pin.
+adjusted_baseline() {
+    local mode pod ctr spec_on spec_off dir=$E2E_ROOT/baseline
+    for mode in on off; do
+        e2e_pod_json "probe-$mode" "uid-probe-$mode" "$POD_ANN" >"$E2E_ROOT/pod.json"
+        e2e_ctr_json main "$CTR_ANN" >"$E2E_ROOT/ctr.json"
+        local handler=()
+        [[ $mode == off ]] || handler=("${LINK[@]}")
+        pod=$(e2e_crictl runp "${handler[@]}" "$E2E_ROOT/pod.json")
+        ctr=$(e2e_crictl create "$pod" "$E2E_ROOT/ctr.json" "$E2E_ROOT/pod.json")
+        e2e_crictl start "$ctr" >/dev/null
+        if [[ $mode == on ]]; then spec_on=$(bundle_spec "$ctr"); else spec_off=$(bundle_spec "$ctr"); fi
+        [[ $mode == off ]] || {
+            mkdir -p "$dir"
+            # The added mounts' sources, copied while the container holds them.
+            jq -r --arg state "$E2E_ROOT/agent-state" '.mounts[] | select(.source | startswith($state)) | .source' \
+                <<<"$spec_on" | while read -r src; do
+                mkdir -p "$dir$(dirname "$src")" && cp -a "$src" "$dir$src"
+            done
+        }
+        e2e_crictl rmp -f "$pod" >/dev/null
+    done
+    OFF_EXTRA=$(jq -c --argjson off "$spec_off" --arg dir "$dir" --arg state "$E2E_ROOT/agent-state" --arg dev "$E2E_ROOT/simdev" '
+        . as $on
+        | ([$off.mounts[].destination]) as $offm
+        | ($off.process.env) as $offe
+        | {
+            envs: [$on.process.env[] | select(. as $e | $offe | index($e) | not)
+                   | capture("^(?<key>[^=]*)=(?<value>.*)$")],
+            devices: [($on.linux.devices // [])[] | select(. as $d | ($off.linux.devices // []) | index($d) | not)
+                      | {container_path: .path, host_path: ($dev + "/" + (.path | ltrimstr("/dev/"))), permissions: "rwm"}],
+            mounts: [$on.mounts[] | select(.destination as $d | $offm | index($d) | not)
+                     | {container_path: .destination,
+                        host_path: (if (.source | startswith($state)) then $dir + .source else .source end),
+                        readonly: (.options | index("ro") != null)}],
+            linux: {resources: {cpuset_cpus: ($on.linux.resources.cpu.cpus // "")}}
+          }' <<<"$spec_on")
+    echo "bench: adjusted baseline: $(jq -c '{envs: (.envs | length), devices: (.devices | length), mounts: (.mounts | length), cpuset: .linux.resources.cpuset_cpus}' <<<"$OFF_EXTRA")" >&2
+}
+
 # one_pod NAME MODE [CHECK]: runp, then timed create + start, then rmp -f. Prints
 # "CREATE_US START_US". CHECK (yes) verifies the plugin's env is in the container's
 # environment in MODE on and not in MODE off (for plain pods: never in it).
 one_pod() {
     local name=$1 mode=$2 check=${3:-} pod ctr t0 t1 t2 has
     e2e_pod_json "$name" "uid-$name" "$POD_ANN" >"$E2E_ROOT/pod.json"
-    e2e_ctr_json main "$CTR_ANN" >"$E2E_ROOT/ctr.json"
+    if [[ $mode == off ]]; then
+        e2e_ctr_json main "$CTR_ANN" "$OFF_EXTRA" >"$E2E_ROOT/ctr.json"
+    else
+        e2e_ctr_json main "$CTR_ANN" >"$E2E_ROOT/ctr.json"
+    fi
     local handler=()
     # The wrapper path: "with" is the gpushare handler's pod.
     [[ $BENCH_PATH == nri || $mode == off ]] || handler=("${LINK[@]}")
@@ -126,6 +195,15 @@ one_pod() {
     t2=$(now_us)
     if [[ -n $check ]]; then
         [[ $POD_KIND == gpu ]] || mode=off
+        # The adjusted baseline's "without" container has the env too, given by CRI; that it
+        # did not pass through the wrapper is checked by the runtime's pod handler.
+        if [[ $BASELINE == adjusted && $mode == off ]]; then
+            if [[ $(e2e_crictl inspectp -o go-template --template '{{.status.runtimeHandler}}' "$pod") == gpushare ]]; then
+                echo "bench: mode off, but $name runs under the gpushare handler" >&2
+                return 1
+            fi
+            mode=on
+        fi
         has=off
         # The main process's environment, read on the host (the wrapper adjusts the
         # bundle, not the spec containerd stores).
@@ -181,6 +259,7 @@ if [[ $BENCH_PATH == wrapper ]]; then
     export E2E_WRAPPER_HANDLER=$root/bin/gpushare-runtime GPUSHARE_RUNTIME_CONFIG=$root/runtime.toml
     e2e_start_containerd 1.6 "$root"
     start_agent
+    [[ $BASELINE != adjusted ]] || adjusted_baseline
 else
     e2e_start_containerd 2 "$root"
 fi
@@ -198,7 +277,7 @@ else
     echo "crictl create + start on containerd $E2E_CONTAINERD2_VERSION (runc $(runc --version | sed -n 's/^runc version //p')):"
 fi
 echo "$ROUNDS rounds x $PODS pods per mode, ABBA order; $(nproc) CPUs, $(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1)"
-echo "agent: $BIN node --gpu-backend sim${AGENT_ARGS[*]:+ ${AGENT_ARGS[*]}}; $POD_KIND pods"
+echo "agent: $BIN node --gpu-backend sim${AGENT_ARGS[*]:+ ${AGENT_ARGS[*]}}; $POD_KIND pods; baseline: $BASELINE"
 echo "load average before: $load_before, after: $(cut -d' ' -f1-3 /proc/loadavg)"
 printf '%-26s %5s %9s %9s %9s\n' "mode" "n" "mean ms" "p50 ms" "p90 ms"
 declare -A mean50
