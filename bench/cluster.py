@@ -36,14 +36,12 @@ import time
 import urllib.parse
 
 TRACE_DIR = os.environ.get("BENCH_TRACE_DIR", "")
-# The simulator's trace GPU has 16,000 MiB, 16 MiB per milli (src/simulate/trace.rs). Here a
-# GPU has 17,000 MiB, 17 MiB per milli: the same fractions, but the API server stores a
-# quantity that is a multiple of 1000 as "16k" (its canonical form), which the extender
-# refuses as not an integer; with 17 MiB per milli no share (milli < 1000) is one. A whole
-# GPU asks 16,999 MiB of each GPU for the same reason (the MiB left fits no trace pod).
-MIB_PER_MILLI = 17
+# The simulator's trace GPU has 16,000 MiB, 16 MiB per milli (src/simulate/trace.rs); so do
+# these nodes' GPUs, and a whole GPU asks all of its 16,000 MiB. (The API server stores such a
+# quantity as "16k", its canonical form, which the extender reads since 0f925c3.)
+MIB_PER_MILLI = 16
 GPU_MEMORY_MIB = 1000 * MIB_PER_MILLI
-WHOLE_GPU_MIB = GPU_MEMORY_MIB - 1
+WHOLE_GPU_MIB = GPU_MEMORY_MIB
 NS = "bench"
 M64 = (1 << 64) - 1
 

@@ -121,16 +121,19 @@ impl Binder for MemoryApi {
                 source: "no such pod".into(),
             })
     }
-    async fn annotate(&self, pod: &PodKey, a: Annotations) -> Result<(), ApiError> {
-        if let Some(Some(v)) = a.get(ASSIGNMENT_ANNOTATION) {
+    async fn bind(
+        &self,
+        pod: &PodKey,
+        _uid: &str,
+        node: &str,
+        a: &Annotations,
+    ) -> Result<(), ApiError> {
+        if let Some(v) = a.get(ASSIGNMENT_ANNOTATION) {
             self.assignments
                 .lock()
                 .unwrap()
                 .insert(pod.name.clone(), v.clone());
         }
-        Ok(())
-    }
-    async fn bind(&self, pod: &PodKey, _uid: &str, node: &str) -> Result<(), ApiError> {
         self.bound
             .lock()
             .unwrap()

@@ -76,6 +76,122 @@ pub fn pod_containers(pod: &Pod) -> impl Iterator<Item = (ContainerRole, &Contai
     .chain(app.map(|c| (ContainerRole::App, c)))
 }
 
+/// A Kubernetes quantity (`500m`, `2`, `1.5`, `4Gi`, `1e3`) in its base unit; `None` when it
+/// is not one.
+pub fn quantity(s: &str) -> Option<f64> {
+    let s = s.trim();
+    let split = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '+' || c == '-'))
+        .unwrap_or(s.len());
+    let (num, suffix) = s.split_at(split);
+    let v: f64 = num.parse().ok()?;
+    let scale = match suffix {
+        "" => 1.0,
+        "n" => 1e-9,
+        "u" => 1e-6,
+        "m" => 1e-3,
+        "k" => 1e3,
+        "M" => 1e6,
+        "G" => 1e9,
+        "T" => 1e12,
+        "P" => 1e15,
+        "E" => 1e18,
+        "Ki" => 1024.0,
+        "Mi" => 1024f64.powi(2),
+        "Gi" => 1024f64.powi(3),
+        "Ti" => 1024f64.powi(4),
+        "Pi" => 1024f64.powi(5),
+        "Ei" => 1024f64.powi(6),
+        e if e.len() > 1 && (e.starts_with('e') || e.starts_with('E')) => {
+            10f64.powi(e[1..].parse::<i32>().ok()?.clamp(-30, 30))
+        }
+        _ => return None,
+    };
+    let v = v * scale;
+    (v.is_finite() && v >= 0.0).then_some(v)
+}
+
+/// `v` rounded up to a whole number, forgiving the float error of a decimal fraction
+/// (`0.1` CPU is 100 milli, not 101).
+fn ceil_whole(v: f64) -> u64 {
+    let r = v.round();
+    if (v - r).abs() < 1e-6 {
+        r as u64
+    } else {
+        v.ceil() as u64
+    }
+}
+
+/// A container's CPU (milli) and memory (MiB) requests, as the scheduler counts them
+/// (requests; limits where a request is absent; unparsable or absent: 0).
+fn container_requests(c: &Container) -> (u64, u64) {
+    let Some(r) = &c.resources else {
+        return (0, 0);
+    };
+    let get = |name: &str| {
+        r.requests
+            .as_ref()
+            .and_then(|m| m.get(name))
+            .or_else(|| r.limits.as_ref().and_then(|m| m.get(name)))
+            .and_then(|q| quantity(&q.0))
+            .unwrap_or(0.0)
+    };
+    (
+        ceil_whole(get("cpu") * 1000.0),
+        ceil_whole(get("memory") / (1024.0 * 1024.0)),
+    )
+}
+
+/// The pod's effective CPU (milli) and memory (MiB) requests, as kube-scheduler computes
+/// them: app containers and sidecars together; each init container with the sidecars
+/// started before it; the larger of the two, plus the pod's overhead.
+pub fn pod_requests(pod: &Pod) -> (u64, u64) {
+    let (mut run, mut init_peak, mut sidecars) = ((0u64, 0u64), (0u64, 0u64), (0u64, 0u64));
+    for (role, c) in pod_containers(pod) {
+        let (cpu, mem) = container_requests(c);
+        match role {
+            ContainerRole::Sidecar => {
+                sidecars = (sidecars.0 + cpu, sidecars.1 + mem);
+                init_peak = (init_peak.0.max(sidecars.0), init_peak.1.max(sidecars.1));
+            }
+            ContainerRole::Init => {
+                init_peak = (
+                    init_peak.0.max(sidecars.0 + cpu),
+                    init_peak.1.max(sidecars.1 + mem),
+                );
+            }
+            ContainerRole::App => run = (run.0 + cpu, run.1 + mem),
+        }
+    }
+    run = (run.0 + sidecars.0, run.1 + sidecars.1);
+    let overhead = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.overhead.as_ref())
+        .map_or((0, 0), |o| {
+            let get = |n: &str| o.get(n).and_then(|q| quantity(&q.0)).unwrap_or(0.0);
+            (
+                ceil_whole(get("cpu") * 1000.0),
+                ceil_whole(get("memory") / (1024.0 * 1024.0)),
+            )
+        });
+    (
+        run.0.max(init_peak.0) + overhead.0,
+        run.1.max(init_peak.1) + overhead.1,
+    )
+}
+
+/// A node's allocatable CPU (milli) and memory (MiB), each `None` when not published.
+pub fn node_allocatable(node: &Node) -> (Option<u64>, Option<u64>) {
+    let a = node.status.as_ref().and_then(|s| s.allocatable.as_ref());
+    let get = |n: &str| a.and_then(|a| a.get(n)).and_then(|q| quantity(&q.0));
+    (
+        get("cpu").map(|v| ceil_whole(v * 1000.0)),
+        // Rounded down: a pod must never be placed on memory the node does not have.
+        get("memory").map(|v| (v / (1024.0 * 1024.0) + 1e-9).floor() as u64),
+    )
+}
+
 /// The names of the pod's containers in pod order, each with when it runs.
 pub fn container_roles(pod: &Pod) -> Vec<(&str, ContainerRole)> {
     pod_containers(pod)
@@ -125,6 +241,83 @@ mod tests {
     use super::*;
     use k8s_openapi::api::core::v1::{PodSpec, PodStatus};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    #[test]
+    fn quantities_in_every_form() {
+        for (q, want) in [
+            ("500m", 0.5),
+            ("2", 2.0),
+            ("1.5", 1.5),
+            ("0.1", 0.1),
+            ("4Gi", 4.0 * 1024.0 * 1024.0 * 1024.0),
+            ("512Mi", 512.0 * 1024.0 * 1024.0),
+            ("1e3", 1000.0),
+            ("1E3", 1000.0),
+            ("16k", 16000.0),
+            ("2M", 2e6),
+        ] {
+            let v = quantity(q).unwrap_or_else(|| panic!("{q}"));
+            assert!((v - want).abs() <= want * 1e-12, "{q}: {v} != {want}");
+        }
+        for bad in ["", "x", "1x", "1.2.3", "-1", "1e", "Mi"] {
+            assert_eq!(quantity(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn pod_requests_as_kube_scheduler_counts_them() {
+        use k8s_openapi::api::core::v1::ResourceRequirements;
+        use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+        let c = |name: &str, cpu: &str, mem: &str, sidecar: bool| Container {
+            name: name.into(),
+            restart_policy: sidecar.then(|| "Always".to_string()),
+            resources: Some(ResourceRequirements {
+                requests: Some(
+                    [
+                        ("cpu".to_string(), Quantity(cpu.into())),
+                        ("memory".to_string(), Quantity(mem.into())),
+                    ]
+                    .into(),
+                ),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let mut p = Pod {
+            spec: Some(PodSpec {
+                containers: vec![c("a", "100m", "64Mi", false), c("b", "0.1", "1Gi", false)],
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        assert_eq!(pod_requests(&p), (200, 1088));
+        // A big init container: the larger of init and run.
+        p.spec.as_mut().unwrap().init_containers = Some(vec![
+            c("side", "50m", "32Mi", true),
+            c("init", "2", "10Mi", false),
+        ]);
+        // Run: 200 + 50 sidecar; init: 2000 + 50 (the sidecar started before it).
+        assert_eq!(pod_requests(&p), (2050, 1088 + 32));
+        // Limits stand for absent requests; no resources count nothing.
+        p.spec.as_mut().unwrap().init_containers = None;
+        p.spec.as_mut().unwrap().containers = vec![
+            Container {
+                name: "l".into(),
+                resources: Some(ResourceRequirements {
+                    limits: Some([("cpu".to_string(), Quantity("3".into()))].into()),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+            Container {
+                name: "n".into(),
+                ..Default::default()
+            },
+        ];
+        p.spec.as_mut().unwrap().overhead =
+            Some([("cpu".to_string(), Quantity("250m".into()))].into());
+        assert_eq!(pod_requests(&p), (3250, 0));
+    }
 
     #[test]
     fn pods_without_a_namespace_are_in_default() {

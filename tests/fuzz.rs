@@ -433,10 +433,7 @@ impl Binder for FakeApi {
         p.metadata.uid = Some("uid-bind".into());
         Ok(p)
     }
-    async fn annotate(&self, _: &PodKey, _: Annotations) -> Result<(), ApiError> {
-        Ok(())
-    }
-    async fn bind(&self, _: &PodKey, _: &str, _: &str) -> Result<(), ApiError> {
+    async fn bind(&self, _: &PodKey, _: &str, _: &str, _: &Annotations) -> Result<(), ApiError> {
         Ok(())
     }
 }

@@ -9,7 +9,7 @@ use async_trait::async_trait;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Binding, Node, ObjectReference, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::{Api, PostParams};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 
@@ -33,24 +33,19 @@ impl Binder for KubeBinder {
             })
     }
 
-    async fn annotate(&self, pod: &PodKey, annotations: Annotations) -> Result<(), ApiError> {
-        let patch = serde_json::json!({ "metadata": { "annotations": annotations } });
-        self.pods(pod)
-            .patch(&pod.name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-            .map(|_| ())
-            .map_err(|e| ApiError::Annotate {
-                pod: pod.clone(),
-                source: e.into(),
-            })
-    }
-
-    async fn bind(&self, pod: &PodKey, uid: &str, node: &str) -> Result<(), ApiError> {
+    async fn bind(
+        &self,
+        pod: &PodKey,
+        uid: &str,
+        node: &str,
+        annotations: &Annotations,
+    ) -> Result<(), ApiError> {
         let binding = Binding {
             metadata: ObjectMeta {
                 name: Some(pod.name.clone()),
                 namespace: Some(pod.namespace.clone()),
                 uid: (!uid.is_empty()).then(|| uid.to_string()),
+                annotations: (!annotations.is_empty()).then(|| annotations.clone()),
                 ..Default::default()
             },
             target: ObjectReference {

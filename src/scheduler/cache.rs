@@ -60,6 +60,9 @@ pub struct Allocation {
     pub node: String,
     pub gpus: Vec<u32>,
     pub demand: GpuDemand,
+    /// The pod's CPU (milli) and memory (MiB) requests ([`kubeobjects::pod_requests`]).
+    pub cpu_milli: u64,
+    pub memory_mib: u64,
     pub bound: bool,
     /// When it was assumed (meaningless once bound).
     pub since: Instant,
@@ -127,6 +130,12 @@ pub struct Cluster {
     assume_ttl: Duration,
     /// Requests of recent GPU pods (the typical shapes of the `gpushare` and `fgd` policies).
     recent: Vec<Request>,
+    /// Bound pods without GPUs, by UID: node, CPU (milli) and memory (MiB) they take, so the
+    /// engine sees each node's CPU and memory as kube-scheduler does.
+    host_pods: HashMap<String, (String, u64, u64)>,
+    /// Pods reserved since start: the typical shapes are refreshed (the engine rebuilt) as
+    /// they accumulate ([`shapes_due`]).
+    reserved: u64,
     rebuilds: u64,
     /// Node changes not yet in the engine.
     pending: bool,
@@ -222,10 +231,13 @@ pub fn node_spec(node: &Node) -> Result<(NodeSpec, Vec<(u32, String)>), NodeErro
             });
         }
     }
+    // CPU and memory as kube-scheduler sees them (it filters on them too); a node that
+    // publishes none is not limited by them here.
+    let (cpu, memory) = kubeobjects::node_allocatable(node);
     let spec = NodeSpec {
         name: name.clone(),
-        cpu_milli: UNLIMITED,
-        memory_mib: UNLIMITED,
+        cpu_milli: cpu.unwrap_or(UNLIMITED),
+        memory_mib: memory.unwrap_or(UNLIMITED),
         gpus: gpus
             .gpus
             .iter()
@@ -297,6 +309,8 @@ impl Cluster {
             allocations: HashMap::new(),
             assume_ttl,
             recent: Vec::new(),
+            host_pods: HashMap::new(),
+            reserved: 0,
             rebuilds: 0,
             pending: false,
             generation: 0,
@@ -330,10 +344,26 @@ impl Cluster {
         self.rebuilds += 1;
         self.generation += 1;
         self.pending = false;
-        self.engine = engine_for(&self.nodes, &self.policy, &self.recent);
+        // Until this extender has reserved pods itself (after a restart), the pods it found
+        // holding GPUs are the best guess of the workload.
+        let basis: Vec<Request> = if self.recent.is_empty() {
+            self.allocations.values().map(request_of).collect()
+        } else {
+            Vec::new()
+        };
+        let shapes_from = if basis.is_empty() {
+            &self.recent
+        } else {
+            &basis
+        };
+        self.engine = engine_for(&self.nodes, &self.policy, shapes_from);
         let allocs: Vec<Allocation> = self.allocations.values().cloned().collect();
         for a in allocs {
             self.apply(&a);
+        }
+        let hosts: Vec<(String, u64, u64)> = self.host_pods.values().cloned().collect();
+        for (node, cpu, mem) in hosts {
+            self.host_commit(&node, cpu, mem, true);
         }
     }
 
@@ -342,6 +372,23 @@ impl Cluster {
         self.generation += 1;
         if let Some(p) = self.placement_of(a) {
             self.engine.commit(&request_of(a), p);
+        }
+    }
+
+    /// Takes (`take`) or gives back the CPU and memory of a pod without GPUs on `node`.
+    fn host_commit(&mut self, node: &str, cpu_milli: u64, memory_mib: u64, take: bool) {
+        self.generation += 1;
+        if let Some(id) = self.engine.node_id(node) {
+            let req = Request::cpu_only(String::new(), cpu_milli, memory_mib);
+            let p = Placement {
+                node: id,
+                gpus: GpuSet::EMPTY,
+            };
+            if take {
+                self.engine.commit(&req, p);
+            } else {
+                self.engine.release(&req, p);
+            }
         }
     }
 
@@ -430,15 +477,29 @@ impl Cluster {
             self.forget_pod(&uid);
             return;
         }
-        let (Some(node), Some(assignment)) =
-            (kubeobjects::pod_node(pod), kubeobjects::pod_assignment(pod))
-        else {
+        let Some(node) = kubeobjects::pod_node(pod) else {
+            return;
+        };
+        let (cpu_milli, memory_mib) = kubeobjects::pod_requests(pod);
+        let Some(assignment) = kubeobjects::pod_assignment(pod) else {
+            // Not a GPU pod: only its CPU and memory (a pod's requests do not change once
+            // bound, but its node is taken as last seen).
+            if self.host_pods.get(&uid).map(|h| h.0.as_str()) != Some(node) {
+                self.forget_pod(&uid);
+                self.host_commit(node, cpu_milli, memory_mib, true);
+                self.host_pods
+                    .insert(uid, (node.to_string(), cpu_milli, memory_mib));
+            }
             return;
         };
         let Ok(a) = assignment else {
             tracing::warn!(pod = %pod_key(pod), "unreadable {ASSIGNMENT_ANNOTATION}: ignored");
             return;
         };
+        // Seen without GPUs before: its CPU and memory are counted below, with its GPUs.
+        if let Some((node, cpu, mem)) = self.host_pods.remove(&uid) {
+            self.host_commit(&node, cpu, mem, false);
+        }
         // Init containers are told from the pod's spec: their shares do not add up.
         let roles = kubeobjects::container_roles(pod);
         let Ok((gpus, demand)) = demand_of_assignment(&a, &roles) else {
@@ -449,6 +510,8 @@ impl Cluster {
             node: node.to_string(),
             gpus,
             demand,
+            cpu_milli,
+            memory_mib,
             bound: true,
             since: Instant::now(),
         };
@@ -474,6 +537,9 @@ impl Cluster {
         if let Some(a) = self.allocations.remove(uid) {
             self.unapply(&a);
         }
+        if let Some((node, cpu, mem)) = self.host_pods.remove(uid) {
+            self.host_commit(&node, cpu, mem, false);
+        }
     }
 
     /// After a watch restart: forgets bound allocations of pods no longer listed.
@@ -483,6 +549,12 @@ impl Cluster {
             .iter()
             .filter(|(u, a)| a.bound && !uids.contains(*u))
             .map(|(u, _)| u.clone())
+            .chain(
+                self.host_pods
+                    .keys()
+                    .filter(|u| !uids.contains(*u))
+                    .cloned(),
+            )
             .collect();
         for u in gone {
             self.forget_pod(&u);
@@ -508,10 +580,14 @@ impl Cluster {
     }
 
     fn demand(&self, pod: &Pod) -> Result<Option<PodDemand>, InvalidPod> {
-        pod_demand(pod, &self.names).map_err(|source| InvalidPod {
+        let mut d = pod_demand(pod, &self.names).map_err(|source| InvalidPod {
             pod: Echo::new(&pod_key(pod).to_string()),
             source: Box::new(source),
-        })
+        })?;
+        if let Some(d) = &mut d {
+            (d.request.cpu_milli, d.request.memory_mib) = kubeobjects::pod_requests(pod);
+        }
+        Ok(d)
     }
 
     /// `filter`: which of `names` can take the pod, and why the others cannot.
@@ -724,13 +800,20 @@ impl Cluster {
             node: node.to_string(),
             gpus: gpus.iter().map(|(i, _)| *i).collect(),
             demand: demand.request.gpu,
+            cpu_milli: demand.request.cpu_milli,
+            memory_mib: demand.request.memory_mib,
             bound: false,
             since: Instant::now(),
         };
         self.allocations.insert(uid, allocation.clone());
         self.recent.push(demand.request.clone());
-        if self.recent.len() > 4096 {
-            self.recent.drain(..2048);
+        if self.recent.len() > RECENT {
+            self.recent.drain(..RECENT / 2);
+        }
+        self.reserved += 1;
+        if shapes_due(self.reserved) {
+            // Picked up by the next decision's flush: the engine is rebuilt with the shapes.
+            self.pending = true;
         }
         Ok(Reserved {
             assignment,
@@ -761,8 +844,24 @@ impl Cluster {
     }
 }
 
+/// How many recent requests the typical shapes are drawn from.
+const RECENT: usize = 4096;
+
+/// Whether the typical shapes are refreshed after the `n`-th reservation: at 8, 16, 32, …
+/// while the window fills (the first pods change the estimate most), then every
+/// `RECENT / 2` pods. A refresh rebuilds the engine: it re-applies every allocation and
+/// empties the score cache, so it is kept rare.
+fn shapes_due(n: u64) -> bool {
+    let half = (RECENT / 2) as u64;
+    if n < half {
+        n >= 8 && n.is_power_of_two()
+    } else {
+        n.is_multiple_of(half)
+    }
+}
+
 fn request_of(a: &Allocation) -> Request {
-    let mut r = Request::cpu_only(a.pod.clone(), 0, 0);
+    let mut r = Request::cpu_only(a.pod.clone(), a.cpu_milli, a.memory_mib);
     r.gpu = a.demand;
     r
 }
@@ -919,6 +1018,127 @@ mod tests {
             serde_json::to_string(&a.1[0]).unwrap(),
             "[6144,15360,900,3]"
         );
+    }
+
+    #[test]
+    fn typical_shapes_follow_the_pods_reserved() {
+        let mut c = Cluster::new(
+            "gpushare",
+            ResourceNames::default(),
+            Duration::from_secs(60),
+        );
+        for (n, gpus) in [("a", 1), ("b", 1), ("z", 8)] {
+            c.set_node(&node(n, gpus, "share", "binpack"));
+        }
+        // a keeps 14 GiB free, b 8 GiB.
+        c.reserve(&pod("one", "1", None), "a", TS.into()).unwrap();
+        c.reserve(&pod("seven", "7", None), "b", TS.into()).unwrap();
+        let next = pod("next", "7", None);
+        let ab = names(&["a", "b"]);
+        let rebuilds = c.rebuilds();
+        for i in 0..5 {
+            c.reserve(&pod(&format!("eight{i}"), "8", None), "z", TS.into())
+                .unwrap();
+        }
+        // Seven pods reserved, no shapes yet: both nodes are equally good for a 7 GiB pod.
+        let p = c.priorities(&next, &ab);
+        assert_eq!(p[0], p[1], "{p:?}");
+        assert_eq!(c.rebuilds(), rebuilds);
+        // The eighth refreshes the shapes (mostly 8 GiB pods): a 7 GiB pod now goes where
+        // it spoils no room for an 8 GiB one.
+        c.reserve(&pod("eight5", "8", None), "z", TS.into())
+            .unwrap();
+        let p = c.priorities(&next, &ab);
+        assert_eq!(c.rebuilds(), rebuilds + 1);
+        assert!(p[1] > p[0], "{p:?}");
+        // The allocations survived the rebuild.
+        let used: u64 = c
+            .usage()
+            .iter()
+            .flat_map(|(_, g)| g.iter().map(|g| g.memory_allocated_mib))
+            .sum();
+        assert_eq!(used, (1 + 7 + 6 * 8) * 1024);
+    }
+
+    #[test]
+    fn cpu_and_memory_are_counted_as_kube_scheduler_does() {
+        use k8s_openapi::api::core::v1::NodeStatus;
+        let mut c = Cluster::new(
+            "gpushare",
+            ResourceNames::default(),
+            Duration::from_secs(60),
+        );
+        for n in ["a", "b"] {
+            let mut nd = node(n, 1, "core_mem", "binpack");
+            nd.status = Some(NodeStatus {
+                allocatable: Some(
+                    [
+                        ("cpu".to_string(), Quantity("4".into())),
+                        ("memory".to_string(), Quantity("8Gi".into())),
+                    ]
+                    .into(),
+                ),
+                ..Default::default()
+            });
+            c.set_node(&nd);
+        }
+        let with_cpu = |mut p: Pod, cpu: &str| {
+            let r = p.spec.as_mut().unwrap().containers[0]
+                .resources
+                .as_mut()
+                .unwrap();
+            r.requests = Some([("cpu".to_string(), Quantity(cpu.into()))].into());
+            p
+        };
+        // A pod without GPUs, bound to a, takes 3 of its 4 CPUs.
+        let mut busy = with_cpu(pod("busy", "1", None), "3");
+        busy.spec.as_mut().unwrap().containers[0]
+            .resources
+            .as_mut()
+            .unwrap()
+            .limits = None;
+        busy.spec.as_mut().unwrap().node_name = Some("a".into());
+        c.observe_pod(&busy);
+        let gpu = with_cpu(pod("g", "2", Some("30")), "1500m");
+        let mut reasons = Vec::new();
+        let r = c.filter_counted(&gpu, &names(&["a", "b"]), &mut |k| {
+            reasons.push(FILTER_REASONS[k])
+        });
+        assert_eq!(r.node_names.as_deref(), Some(&names(&["b"])[..]), "{r:?}");
+        assert_eq!(reasons, ["cpu"]);
+        // It finishes: a takes the pod again.
+        busy.status = Some(PodStatus {
+            phase: Some("Succeeded".into()),
+            ..Default::default()
+        });
+        c.observe_pod(&busy);
+        let r = c.filter(&gpu, &names(&["a", "b"]));
+        assert_eq!(r.node_names.as_deref(), Some(&names(&["a", "b"])[..]));
+        // A reserved GPU pod holds its CPU too, also across a rebuild: two 1.5-CPU pods fit a
+        // node's 4 CPUs, a third does not.
+        for i in 0..2 {
+            c.reserve(
+                &with_cpu(pod(&format!("g{i}"), "2", Some("30")), "1500m"),
+                "a",
+                TS.into(),
+            )
+            .unwrap();
+        }
+        c.set_node(&node("c", 1, "core_mem", "binpack"));
+        let e = c
+            .reserve(
+                &with_cpu(pod("g3", "2", Some("30")), "1500m"),
+                "a",
+                TS.into(),
+            )
+            .unwrap_err();
+        assert!(e.to_string().contains("CPU"), "{e}");
+    }
+
+    #[test]
+    fn shapes_are_refreshed_often_at_first_then_every_half_window() {
+        let due: Vec<u64> = (1..=6144).filter(|&n| shapes_due(n)).collect();
+        assert_eq!(due, [8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 6144]);
     }
 
     #[test]

@@ -136,18 +136,12 @@ mod tests {
                     source: "no API".into(),
                 })
             }
-            async fn annotate(
-                &self,
-                _: &crate::kubeobjects::PodKey,
-                _: server::Annotations,
-            ) -> Result<(), server::ApiError> {
-                Ok(())
-            }
             async fn bind(
                 &self,
                 _: &crate::kubeobjects::PodKey,
                 _: &str,
                 _: &str,
+                _: &server::Annotations,
             ) -> Result<(), server::ApiError> {
                 Ok(())
             }

@@ -1,7 +1,7 @@
 //! The extender's HTTP side: `POST /filter`, `/prioritize`, `/bind` (kube-scheduler's extender
 //! protocol), `GET /healthz`, `/metrics` (Prometheus text) and `/allocations` (JSON).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -17,6 +17,7 @@ use axum::{Json, Router};
 use k8s_openapi::api::core::v1::Pod;
 
 use super::cache::{Cluster, FILTER_REASONS, ReserveError};
+use super::podreq::pod_demand;
 use super::wire::{
     ExtenderArgs, ExtenderArgsRef, ExtenderBindingArgs, ExtenderBindingResult,
     ExtenderFilterResult, FilterAnswer, HostPriority, MAX_BODY, Priorities, WireError,
@@ -43,8 +44,6 @@ fn shown(pod: &PodKey) -> Echo {
 pub enum ApiError {
     #[error("cannot read pod {:#}: {}", shown(pod), cut_message(&source.to_string(), 200))]
     GetPod { pod: PodKey, source: Cause },
-    #[error("cannot annotate pod {:#}: {}", shown(pod), cut_message(&source.to_string(), 200))]
-    Annotate { pod: PodKey, source: Cause },
     #[error(
         "cannot bind pod {:#} to {:#}: {}",
         shown(pod),
@@ -62,9 +61,7 @@ impl ApiError {
     /// What the API client said, without our context.
     pub fn cause(&self) -> &Cause {
         match self {
-            ApiError::GetPod { source, .. }
-            | ApiError::Annotate { source, .. }
-            | ApiError::Bind { source, .. } => source,
+            ApiError::GetPod { source, .. } | ApiError::Bind { source, .. } => source,
         }
     }
 }
@@ -154,14 +151,60 @@ impl From<FilterError> for ExtenderFilterResult {
 #[async_trait]
 pub trait Binder: Send + Sync {
     async fn get_pod(&self, pod: &PodKey) -> Result<Pod, ApiError>;
-    /// Merge-patches pod annotations (`None` removes one).
-    async fn annotate(&self, pod: &PodKey, annotations: Annotations) -> Result<(), ApiError>;
-    /// Creates the pod's Binding to `node`.
-    async fn bind(&self, pod: &PodKey, uid: &str, node: &str) -> Result<(), ApiError>;
+    /// Creates the pod's Binding to `node` (for the pod of UID `uid`, when not empty) with
+    /// `annotations`: the API server sets the pod's node and copies the Binding's
+    /// annotations onto it in one update, so a pod is never bound without its assignment nor
+    /// annotated without being bound.
+    async fn bind(
+        &self,
+        pod: &PodKey,
+        uid: &str,
+        node: &str,
+        annotations: &Annotations,
+    ) -> Result<(), ApiError>;
 }
 
-/// Annotations to merge into a pod (`None` removes one).
-pub type Annotations = BTreeMap<String, Option<String>>;
+/// Annotations a Binding carries onto its pod.
+pub type Annotations = BTreeMap<String, String>;
+
+/// How many pods filter has seen are kept for their bind ([`Extender::bind`] reads the pod
+/// from here instead of the API server).
+const FILTERED_PODS: usize = 512;
+
+/// The pods of recent filters, by UID, oldest first out.
+#[derive(Default)]
+struct FilteredPods {
+    order: std::collections::VecDeque<String>,
+    pods: HashMap<String, Pod>,
+}
+
+impl FilteredPods {
+    fn remember(&mut self, pod: Pod) {
+        let Some(uid) = pod.metadata.uid.clone().filter(|u| !u.is_empty()) else {
+            return;
+        };
+        if self.pods.insert(uid.clone(), pod).is_none() {
+            self.order.push_back(uid);
+            while self.order.len() > FILTERED_PODS {
+                if let Some(old) = self.order.pop_front() {
+                    self.pods.remove(&old);
+                }
+            }
+        }
+    }
+
+    /// The pod of UID `uid` if filter saw it under `key`'s namespace and name.
+    fn take(&mut self, uid: &str, key: &PodKey) -> Option<Pod> {
+        let p = self.pods.get(uid)?;
+        if p.metadata.namespace.as_deref() != Some(&key.namespace)
+            || p.metadata.name.as_deref() != Some(&key.name)
+        {
+            return None;
+        }
+        self.order.retain(|u| u != uid);
+        self.pods.remove(uid)
+    }
+}
 
 /// Latency histogram (seconds) with fixed buckets.
 #[derive(Debug)]
@@ -222,6 +265,8 @@ pub struct Metrics {
     pub binds_ok: AtomicU64,
     pub binds_failed: AtomicU64,
     pub assumed_expired: AtomicU64,
+    /// Binds that read their pod from the API server (not among the pods filter saw).
+    pub bind_pod_reads: AtomicU64,
     pub watch_restarts: AtomicU64,
     /// Nodes ruled out by `filter`, by reason ([`FILTER_REASONS`], same order).
     pub filter_rejections: [AtomicU64; FILTER_REASONS.len()],
@@ -239,6 +284,8 @@ pub struct Extender {
     scheduler_names: Vec<String>,
     /// Pods (namespace/name) with a bind under way: one bind per pod at a time.
     binding: Mutex<std::collections::HashSet<String>>,
+    /// The pods filter saw, for their bind.
+    filtered: Mutex<FilteredPods>,
 }
 
 /// Removes a pod from the in-progress set when its bind ends, however it ends.
@@ -280,6 +327,7 @@ impl Extender {
             synced_pods: AtomicBool::new(false),
             scheduler_names: vec!["default-scheduler".into(), "gpushare-scheduler".into()],
             binding: Mutex::new(Default::default()),
+            filtered: Mutex::new(Default::default()),
         }
     }
 
@@ -302,7 +350,45 @@ impl Extender {
         let names = candidate_names(args);
         let out = self.filter_names(args.pod.as_ref(), &names).into_owned();
         self.metrics.filter.observe(t);
+        if let Some(pod) = &args.pod
+            && out.node_names.as_ref().is_some_and(|n| !n.is_empty())
+        {
+            self.remember_filtered(pod.clone());
+        }
         out
+    }
+
+    /// Keeps a GPU pod that filter passed for its bind (kube-scheduler sends the bind only
+    /// the pod's name and UID).
+    fn remember_filtered(&self, pod: Pod) {
+        let ours = {
+            let c = self.lock();
+            matches!(pod_demand(&pod, c.names()), Ok(Some(_)))
+        };
+        if ours {
+            self.filtered
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remember(pod);
+        }
+    }
+
+    /// The pod a bind is for: as filter saw it when the UIDs match (its spec cannot have
+    /// changed since: a pod's containers' resources, scheduler name and UID are fixed until
+    /// it is bound, and the Binding itself is refused if it was bound or replaced
+    /// meanwhile), else read from the API server.
+    async fn pod_to_bind(&self, key: &PodKey, uid: &str) -> Result<Pod, ApiError> {
+        if !uid.is_empty()
+            && let Some(p) = self
+                .filtered
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .take(uid, key)
+        {
+            return Ok(p);
+        }
+        self.metrics.bind_pod_reads.fetch_add(1, Ordering::Relaxed);
+        self.binder.get_pod(key).await
     }
 
     /// `filter` of `pod` among `names`, the answer borrowing the names.
@@ -411,7 +497,7 @@ impl Extender {
         }
         let _slot = BindSlot(self, slot);
         let node = &args.node;
-        let pod = self.binder.get_pod(&key).await?;
+        let pod = self.pod_to_bind(&key, &args.pod_uid).await?;
         let scheduler = pod
             .spec
             .as_ref()
@@ -454,10 +540,7 @@ impl Extender {
             (r, unit, dev)
         };
         let mut ann = Annotations::new();
-        ann.insert(
-            ASSIGNMENT_ANNOTATION.into(),
-            Some(reserved.assignment.to_json()),
-        );
+        ann.insert(ASSIGNMENT_ANNOTATION.into(), reserved.assignment.to_json());
         let first = reserved.allocation.gpus.first().copied().unwrap_or(0);
         // Saturating: each share is bounded by its GPU, but the sum must never wrap.
         let pod_mem: u64 = reserved
@@ -466,43 +549,36 @@ impl Extender {
             .values()
             .flatten()
             .fold(0, |acc: u64, s| acc.saturating_add(s.memory_mib));
-        ann.insert(ACK_GPU_MEM_IDX.into(), Some(first.to_string()));
-        ann.insert(ACK_GPU_MEM_POD.into(), Some((pod_mem / unit).to_string()));
-        ann.insert(ACK_GPU_MEM_ASSIGNED.into(), Some("false".into()));
+        ann.insert(ACK_GPU_MEM_IDX.into(), first.to_string());
+        ann.insert(ACK_GPU_MEM_POD.into(), (pod_mem / unit).to_string());
+        ann.insert(ACK_GPU_MEM_ASSIGNED.into(), "false".into());
         ann.insert(
             ACK_GPU_MEM_ASSUME_TIME.into(),
-            Some(
-                std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map_or(0, |d| d.as_nanos())
-                    .to_string(),
-            ),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos())
+                .to_string(),
         );
         if let Some(dev) = dev {
-            ann.insert(ACK_GPU_MEM_DEV.into(), Some(dev.to_string()));
+            ann.insert(ACK_GPU_MEM_DEV.into(), dev.to_string());
         }
-        if let Err(e) = self.binder.annotate(&key, ann.clone()).await {
-            self.lock().forget_pod(&uid);
-            return Err(e.into());
-        }
-        if let Err(e) = self.binder.bind(&key, &uid, node).await {
-            // Bound after all (by an earlier attempt whose answer was lost, say): what the
-            // pod carries is what it holds; leave it.
-            if let Ok(now) = self.binder.get_pod(&key).await
-                && now
-                    .spec
-                    .as_ref()
-                    .and_then(|s| s.node_name.as_deref())
-                    .is_some()
-            {
-                tracing::warn!(pod = %key, "bind failed but the pod is bound: its assignment stays");
-                return Err(e.into());
-            }
-            self.lock().forget_pod(&uid);
-            // Take the assignment back so nothing on the pod claims GPUs it does not hold.
-            let clear = ann.keys().map(|k| (k.clone(), None)).collect();
-            if let Err(e2) = self.binder.annotate(&key, clear).await {
-                tracing::warn!(pod = %pod_key(&pod), "cannot remove the assignment after a failed bind: {}", e2.cause());
+        // One API call: the Binding carries the annotations (nothing is written if it fails).
+        if let Err(e) = self.binder.bind(&key, &uid, node, &ann).await {
+            // What the pod holds now is what it carries: bound after all (by an earlier
+            // attempt whose answer was lost, or by someone else), the cache takes its
+            // assignment, if any, from the pod as the watch would; else nothing.
+            let now = self.binder.get_pod(&key).await.ok();
+            let mut c = self.lock();
+            c.forget_pod(&uid);
+            if let Some(now) = now.filter(|p| {
+                p.metadata.uid.as_deref() == Some(&uid)
+                    && p.spec
+                        .as_ref()
+                        .and_then(|s| s.node_name.as_deref())
+                        .is_some()
+            }) {
+                c.observe_pod(&now);
+                tracing::warn!(pod = %key, "bind failed but the pod is bound: the cache holds what it carries");
             }
             return Err(e.into());
         }
@@ -528,12 +604,18 @@ impl Extender {
 
     fn filter_body_with<T>(&self, body: &[u8], out: impl FnOnce(FilterAnswer<'_>) -> T) -> T {
         match ExtenderArgsRef::decode("filter", body) {
-            Ok(args) => {
+            Ok(mut args) => {
                 let t = Instant::now();
+                let pod = args.pod.take();
                 let names = args.candidates();
-                let a = self.filter_names(args.pod.as_ref(), &names);
+                let a = self.filter_names(pod.as_ref(), &names);
+                let passed = a.node_names.as_ref().is_some_and(|n| !n.is_empty());
                 self.metrics.filter.observe(t);
-                out(a)
+                let answer = out(a);
+                if let Some(pod) = pod.filter(|_| passed) {
+                    self.remember_filtered(pod);
+                }
+                answer
             }
             Err(e) => out(FilterAnswer {
                 error: e.to_string(),
@@ -585,7 +667,9 @@ impl Extender {
                 m.binds_failed.load(Ordering::Relaxed),
             )
             .untyped("gpushare_extender_assumed_expired_total")
-            .sample(&[], m.assumed_expired.load(Ordering::Relaxed));
+            .sample(&[], m.assumed_expired.load(Ordering::Relaxed))
+            .untyped("gpushare_extender_bind_pod_reads_total")
+            .sample(&[], m.bind_pod_reads.load(Ordering::Relaxed));
         out.family("gpushare_extender_filter_rejections_total", Kind::Counter);
         for (reason, n) in FILTER_REASONS.iter().zip(&m.filter_rejections) {
             out.sample(&[("reason", reason)], n.load(Ordering::Relaxed));
@@ -747,10 +831,13 @@ mod tests {
             p.metadata.uid = Some("u".into());
             Ok(p)
         }
-        async fn annotate(&self, _: &PodKey, _: Annotations) -> Result<(), ApiError> {
-            Ok(())
-        }
-        async fn bind(&self, _: &PodKey, _: &str, _: &str) -> Result<(), ApiError> {
+        async fn bind(
+            &self,
+            _: &PodKey,
+            _: &str,
+            _: &str,
+            _: &Annotations,
+        ) -> Result<(), ApiError> {
             Ok(())
         }
     }
@@ -795,24 +882,40 @@ mod tests {
         assert!(e.contains("(253 bytes)"), "{e}");
     }
 
+    /// How [`GpuPod`]'s Binding ends.
+    #[derive(Clone, Copy, PartialEq)]
+    enum BindEnd {
+        Ok,
+        /// Someone else's bind won the race: the pod is bound (without our annotations).
+        Conflict,
+        /// Ours went through, but its answer was lost.
+        AnswerLost,
+    }
+
     /// One GPU pod `default/g` (2 GiB, 30 %) with a scheduler name; `bind` waits for `gate`
-    /// and then fails or succeeds; annotation patches are recorded.
+    /// and then ends as `end` says; Bindings and pod reads are recorded.
     struct GpuPod {
         scheduler: Option<String>,
         bound_to: std::sync::Mutex<Option<String>>,
+        /// The pod's annotations (what a Binding of ours carried onto it).
+        annotations: std::sync::Mutex<Option<Annotations>>,
         gate: tokio::sync::Notify,
-        bind_fails: bool,
-        patches: std::sync::Mutex<Vec<Annotations>>,
+        end: BindEnd,
+        /// Every Binding asked for.
+        bindings: std::sync::Mutex<Vec<Annotations>>,
+        reads: AtomicU64,
     }
 
     impl GpuPod {
-        fn new(scheduler: Option<&str>, bind_fails: bool) -> Arc<GpuPod> {
+        fn new(scheduler: Option<&str>, end: BindEnd) -> Arc<GpuPod> {
             Arc::new(GpuPod {
                 scheduler: scheduler.map(str::to_string),
                 bound_to: Default::default(),
+                annotations: Default::default(),
                 gate: tokio::sync::Notify::new(),
-                bind_fails,
-                patches: Default::default(),
+                end,
+                bindings: Default::default(),
+                reads: AtomicU64::new(0),
             })
         }
     }
@@ -822,7 +925,9 @@ mod tests {
         async fn get_pod(&self, _: &PodKey) -> Result<Pod, ApiError> {
             use k8s_openapi::api::core::v1::{Container, PodSpec, ResourceRequirements};
             use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+            self.reads.fetch_add(1, Ordering::Relaxed);
             let mut p = Pod::default();
+            p.metadata.annotations = self.annotations.lock().unwrap().clone();
             p.metadata.namespace = Some("default".into());
             p.metadata.name = Some("g".into());
             p.metadata.uid = Some("uid-g".into());
@@ -850,23 +955,32 @@ mod tests {
             });
             Ok(p)
         }
-        async fn annotate(&self, _: &PodKey, a: Annotations) -> Result<(), ApiError> {
-            self.patches.lock().unwrap().push(a);
-            Ok(())
-        }
-        async fn bind(&self, pod: &PodKey, _: &str, node: &str) -> Result<(), ApiError> {
+        async fn bind(
+            &self,
+            pod: &PodKey,
+            _: &str,
+            node: &str,
+            a: &Annotations,
+        ) -> Result<(), ApiError> {
+            self.bindings.lock().unwrap().push(a.clone());
             self.gate.notified().await;
-            if self.bind_fails {
-                // Someone else's bind won the race: the pod is bound, ours conflicts.
-                *self.bound_to.lock().unwrap() = Some(node.to_string());
-                return Err(ApiError::Bind {
-                    pod: pod.clone(),
-                    node: node.into(),
-                    source: "409 Conflict: pod is already assigned".into(),
-                });
-            }
             *self.bound_to.lock().unwrap() = Some(node.to_string());
-            Ok(())
+            let err = |msg: &str| ApiError::Bind {
+                pod: pod.clone(),
+                node: node.into(),
+                source: msg.into(),
+            };
+            match self.end {
+                BindEnd::Ok => {
+                    *self.annotations.lock().unwrap() = Some(a.clone());
+                    Ok(())
+                }
+                BindEnd::Conflict => Err(err("409 Conflict: pod is already assigned")),
+                BindEnd::AnswerLost => {
+                    *self.annotations.lock().unwrap() = Some(a.clone());
+                    Err(err("connection reset"))
+                }
+            }
         }
     }
 
@@ -905,7 +1019,7 @@ mod tests {
 
     #[tokio::test]
     async fn filter_counts_each_node_it_rules_out() {
-        let binder = GpuPod::new(None, false);
+        let binder = GpuPod::new(None, BindEnd::Ok);
         let key = PodKey {
             namespace: "default".into(),
             name: "g".into(),
@@ -936,7 +1050,7 @@ mod tests {
 
     #[tokio::test]
     async fn bind_refuses_what_it_must_not_do() {
-        let binder = GpuPod::new(None, false);
+        let binder = GpuPod::new(None, BindEnd::Ok);
         let ext = Extender::new(gpu_cluster(), binder.clone());
         // Before both watches have listed: no bind.
         let e = ext.bind_inner(&bind_g("a")).await.unwrap_err();
@@ -974,20 +1088,26 @@ mod tests {
             assert_eq!(ext.bind_inner(&args).await.unwrap_err().to_string(), want);
         }
         // A pod of another scheduler is not ours to bind.
-        let ext = Extender::new(gpu_cluster(), GpuPod::new(Some("other-scheduler"), false));
+        let ext = Extender::new(
+            gpu_cluster(),
+            GpuPod::new(Some("other-scheduler"), BindEnd::Ok),
+        );
         ext.synced_nodes.store(true, Ordering::Release);
         ext.synced_pods.store(true, Ordering::Release);
         assert_eq!(
             ext.bind_inner(&bind_g("a")).await.unwrap_err().to_string(),
             "pod default/g has schedulerName \"other-scheduler\"; this extender binds pods of \"default-scheduler, gpushare-scheduler\" only"
         );
-        assert!(binder.patches.lock().unwrap().is_empty(), "nothing written");
+        assert!(
+            binder.bindings.lock().unwrap().is_empty(),
+            "nothing written"
+        );
     }
 
     #[tokio::test]
     async fn one_bind_per_pod_and_a_bound_pod_keeps_its_assignment() {
         // A second /bind while the first is under way is refused and changes nothing.
-        let binder = GpuPod::new(Some("gpushare-scheduler"), false);
+        let binder = GpuPod::new(Some("gpushare-scheduler"), BindEnd::Ok);
         let ext = Arc::new(Extender::new(gpu_cluster(), binder.clone()));
         ext.synced_nodes.store(true, Ordering::Release);
         ext.synced_pods.store(true, Ordering::Release);
@@ -995,7 +1115,7 @@ mod tests {
             let ext = ext.clone();
             async move { ext.bind_inner(&bind_g("a")).await }
         });
-        while binder.patches.lock().unwrap().is_empty() {
+        while binder.bindings.lock().unwrap().is_empty() {
             assert!(!first.is_finished(), "the first bind ended early");
             tokio::time::sleep(std::time::Duration::from_millis(5)).await;
         }
@@ -1006,10 +1126,11 @@ mod tests {
         );
         binder.gate.notify_one();
         first.await.unwrap().expect("the first bind succeeds");
-        assert_eq!(
-            binder.patches.lock().unwrap().len(),
-            1,
-            "one assignment written"
+        let written = binder.bindings.lock().unwrap().clone();
+        assert_eq!(written.len(), 1, "one Binding");
+        assert!(
+            written[0][ASSIGNMENT_ANNOTATION].contains("\"corePercent\":30"),
+            "the Binding carries the assignment: {written:?}"
         );
         let allocs = ext.allocations_json();
         assert_eq!(
@@ -1018,20 +1139,79 @@ mod tests {
             "{allocs}"
         );
 
-        // The Binding fails because the pod got bound meanwhile: its assignment stays.
-        let binder = GpuPod::new(None, true);
+        // The Binding fails because someone else bound the pod meanwhile: nothing of ours was
+        // written, and the GPUs are given back.
+        let binder = GpuPod::new(None, BindEnd::Conflict);
         let ext = Arc::new(Extender::new(gpu_cluster(), binder.clone()));
         ext.synced_nodes.store(true, Ordering::Release);
         ext.synced_pods.store(true, Ordering::Release);
         binder.gate.notify_one();
         let e = ext.bind_inner(&bind_g("a")).await.unwrap_err();
         assert!(e.is_fault(), "{e}");
-        let patches = binder.patches.lock().unwrap();
+        let allocs = ext.allocations_json();
         assert_eq!(
-            patches.len(),
-            1,
-            "no patch clearing the assignment: {patches:?}"
+            allocs["allocations"].as_array().map(Vec::len),
+            Some(0),
+            "{allocs}"
         );
+
+        // Ours went through but its answer was lost: the cache holds what the pod carries,
+        // also after kube-scheduler's retry (refused: the pod is bound).
+        let binder = GpuPod::new(None, BindEnd::AnswerLost);
+        let ext = Arc::new(Extender::new(gpu_cluster(), binder.clone()));
+        ext.synced_nodes.store(true, Ordering::Release);
+        ext.synced_pods.store(true, Ordering::Release);
+        binder.gate.notify_one();
+        assert!(ext.bind_inner(&bind_g("a")).await.unwrap_err().is_fault());
+        let held = |ext: &Extender| {
+            let allocs = ext.allocations_json();
+            allocs["allocations"].as_array().map(Vec::len)
+        };
+        assert_eq!(held(&ext), Some(1));
+        let e = ext.bind_inner(&bind_g("a")).await.unwrap_err();
+        assert!(e.to_string().contains("already bound"), "{e}");
+        assert_eq!(held(&ext), Some(1));
+    }
+
+    #[tokio::test]
+    async fn bind_takes_the_pod_filter_saw() {
+        let binder = GpuPod::new(None, BindEnd::Ok);
+        let key = PodKey {
+            namespace: "default".into(),
+            name: "g".into(),
+        };
+        let pod = binder.get_pod(&key).await.unwrap();
+        let ext = Extender::new(gpu_cluster(), binder.clone());
+        ext.synced_nodes.store(true, Ordering::Release);
+        ext.synced_pods.store(true, Ordering::Release);
+        let body = serde_json::to_vec(&ExtenderArgs {
+            pod: Some(pod),
+            nodes: None,
+            node_names: Some(vec!["a".into()]),
+        })
+        .unwrap();
+        let r = ext.filter_body(&body);
+        assert_eq!(r.node_names.as_deref(), Some(&["a".to_string()][..]));
+        let reads = binder.reads.load(Ordering::Relaxed);
+        binder.gate.notify_one();
+        ext.bind_inner(&bind_g("a")).await.expect("bound");
+        assert_eq!(
+            binder.reads.load(Ordering::Relaxed),
+            reads,
+            "no read of the pod"
+        );
+        assert_eq!(ext.metrics.bind_pod_reads.load(Ordering::Relaxed), 0);
+        // Another UID than filter saw: read from the API server (and refused there).
+        let e = ext
+            .bind_inner(&ExtenderBindingArgs {
+                pod_uid: "uid-other".into(),
+                ..bind_g("a")
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(binder.reads.load(Ordering::Relaxed), reads + 1);
+        assert_eq!(ext.metrics.bind_pod_reads.load(Ordering::Relaxed), 1);
+        assert!(e.to_string().contains("the bind request names"), "{e}");
     }
 
     #[test]
