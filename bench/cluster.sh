@@ -35,7 +35,9 @@
 # BENCH_PARALLEL (pod creation requests in flight for (a), 16), BENCH_PARTS (a,b),
 # BENCH_POLICY (the extender's and the simulator's policy, gpushare), BENCH_TRACE_FIT ((b):
 # MostAllocated (default) / LeastAllocated: of kube-scheduler's score plugins only
-# NodeResourcesFit, with that strategy; none: all off),
+# NodeResourcesFit, with that strategy; none: all off), BENCH_TRACE_ALL ((b): 1 (default):
+# the extender without managedResources, asked about every pod, ranks the pods without GPUs
+# too, as the simulator's policy does; 0: only GPU pods, the others left to NodeResourcesFit),
 # GPUSHARE_BIN (target/release/gpushare; copied to ROOT first), BENCH_OUT
 # (target/bench/cluster), BENCH_KEEP_LOGS=1 (copy the components' logs to BENCH_OUT/logs).
 # Ports (loopback): BENCH_ETCD_PORT 24790 (+10), BENCH_API_PORT 17443, BENCH_SCHEDULER_PORT
@@ -57,6 +59,7 @@ BENCH_PARALLEL=${BENCH_PARALLEL:-16}
 BENCH_PARTS=${BENCH_PARTS:-a,b}
 BENCH_POLICY=${BENCH_POLICY:-gpushare}
 BENCH_TRACE_FIT=${BENCH_TRACE_FIT:-MostAllocated}
+BENCH_TRACE_ALL=${BENCH_TRACE_ALL:-1}
 GPUSHARE_BIN=${GPUSHARE_BIN:-$E2E_REPO/target/release/gpushare}
 TRACE_DIR=${BENCH_TRACE_DIR:-$E2E_REPO/../shared/traces/openb}
 EXT_PORT=${BENCH_EXT_PORT:-40999}
@@ -185,11 +188,16 @@ extenders:
   nodeCacheCapable: true
   ignorable: false
   httpTimeout: 10s
-  managedResources:
 EOF
-        for r in aliyun.com/gpu-mem aliyun.com/gpu-core.percentage aliyun.com/gpu-count; do
-            printf '  - name: %s\n    ignoredByScheduler: false\n' "$r" >>"$f"
-        done
+        # (b) with BENCH_TRACE_ALL=1 (the default): no managedResources, so kube-scheduler
+        # asks the extender about every pod and the pods without GPUs are ranked by the same
+        # policy as in the simulator (which places them too).
+        if ! ((trace)) || [[ $BENCH_TRACE_ALL != 1 ]]; then
+            echo "  managedResources:" >>"$f"
+            for r in aliyun.com/gpu-mem aliyun.com/gpu-core.percentage aliyun.com/gpu-count; do
+                printf '  - name: %s\n    ignoredByScheduler: false\n' "$r" >>"$f"
+            done
+        fi
     fi
 }
 

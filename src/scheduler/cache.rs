@@ -701,9 +701,18 @@ impl Cluster {
     /// [`Cluster::prioritize`]'s scores, in the order of `names`.
     pub fn priorities<N: AsRef<str>>(&mut self, pod: &Pod, names: &[N]) -> Vec<i64> {
         self.flush();
-        let Ok(Some(demand)) = self.demand(pod) else {
-            return vec![0; names.len()];
+        let request = match self.demand(pod) {
+            Ok(Some(demand)) => demand.request,
+            // A pod without GPUs (asked when the extender manages every pod): ranked by
+            // the same policy, which keeps it off the CPU and memory that GPUs need; a node
+            // without gpushare GPUs is the best place for it.
+            Ok(None) => {
+                let (cpu, mem) = kubeobjects::pod_requests(pod);
+                Request::cpu_only(pod_key(pod).to_string(), cpu, mem)
+            }
+            Err(_) => return vec![0; names.len()],
         };
+        let cpu_only = request.gpu == GpuDemand::None;
         // The nodes filter passed for this pod, unchanged since: their ids are known.
         let uid = pod.metadata.uid.as_deref().unwrap_or_default();
         let ids = self
@@ -715,10 +724,14 @@ impl Cluster {
                     .map(|n| self.engine.node_id(n.as_ref()))
                     .collect()
             });
-        let mut scorer = self.engine.scorer(&demand.request);
+        let mut scorer = self.engine.scorer(&request);
         let scores: Vec<Option<f64>> = ids
             .iter()
-            .map(|id| id.and_then(|id| scorer.choice(id)).map(|c| c.score))
+            .map(|id| match id {
+                Some(id) => scorer.choice(*id).map(|c| c.score),
+                None if cpu_only => Some(f64::INFINITY),
+                None => None,
+            })
             .collect();
         let mut distinct: Vec<f64> = scores.iter().flatten().copied().collect();
         // `total_cmp` is a total order whose equal values are identical: unstable is stable.
@@ -735,6 +748,18 @@ impl Cluster {
                 })
             })
             .collect()
+    }
+
+    /// A pod without GPUs being bound to `node`: its CPU and memory are held there until the
+    /// watch sees it (or [`Cluster::forget_pod`]).
+    pub fn assume_host(&mut self, pod: &Pod, node: &str) {
+        let Some(uid) = pod.metadata.uid.clone() else {
+            return;
+        };
+        self.forget_pod(&uid);
+        let (cpu, mem) = kubeobjects::pod_requests(pod);
+        self.host_commit(node, cpu, mem, true);
+        self.host_pods.insert(uid, (node.to_string(), cpu, mem));
     }
 
     /// `bind`, first half: picks the pod's GPUs on `node` and holds them (assumed).
@@ -1133,6 +1158,57 @@ mod tests {
             )
             .unwrap_err();
         assert!(e.to_string().contains("CPU"), "{e}");
+    }
+
+    #[test]
+    fn pods_without_gpus_are_ranked_away_from_the_cpu_gpus_need() {
+        use k8s_openapi::api::core::v1::NodeStatus;
+        let mut c = Cluster::new(
+            "gpushare",
+            ResourceNames::default(),
+            Duration::from_secs(60),
+        );
+        for (n, gpus, cpu) in [("a", 1, "4"), ("b", 1, "4"), ("z", 8, "100")] {
+            let mut nd = node(n, gpus, "core_mem", "binpack");
+            nd.status = Some(NodeStatus {
+                allocatable: Some([("cpu".to_string(), Quantity(cpu.into()))].into()),
+                ..Default::default()
+            });
+            c.set_node(&nd);
+        }
+        let with_cpu = |mut p: Pod, cpu: &str| {
+            p.spec.as_mut().unwrap().containers[0]
+                .resources
+                .as_mut()
+                .unwrap()
+                .requests = Some([("cpu".to_string(), Quantity(cpu.into()))].into());
+            p
+        };
+        // b's GPU is taken whole; GPU pods ask 2 CPUs (the typical shapes, after 8 pods).
+        c.reserve(
+            &with_cpu(pod("full", "15", Some("100")), "1"),
+            "b",
+            TS.into(),
+        )
+        .unwrap();
+        for i in 0..7 {
+            c.reserve(
+                &with_cpu(pod(&format!("g{i}"), "2", Some("30")), "2"),
+                "z",
+                TS.into(),
+            )
+            .unwrap();
+        }
+        // A 3-CPU pod without GPUs: on a it would leave 1 CPU beside an idle GPU (stranded);
+        // on b nothing is stranded; a node without gpushare GPUs (x) is best.
+        let mut plain = with_cpu(pod("plain", "1", None), "3");
+        plain.spec.as_mut().unwrap().containers[0]
+            .resources
+            .as_mut()
+            .unwrap()
+            .limits = None;
+        let p = c.priorities(&plain, &names(&["a", "b", "x"]));
+        assert!(p[1] > p[0] && p[2] >= p[1], "{p:?}");
     }
 
     #[test]

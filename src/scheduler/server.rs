@@ -16,8 +16,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use k8s_openapi::api::core::v1::Pod;
 
-use super::cache::{Cluster, FILTER_REASONS, ReserveError};
-use super::podreq::pod_demand;
+use super::cache::{Cluster, FILTER_REASONS, ReserveError, Reserved};
 use super::wire::{
     ExtenderArgs, ExtenderArgsRef, ExtenderBindingArgs, ExtenderBindingResult,
     ExtenderFilterResult, FilterAnswer, HostPriority, MAX_BODY, Priorities, WireError,
@@ -358,19 +357,13 @@ impl Extender {
         out
     }
 
-    /// Keeps a GPU pod that filter passed for its bind (kube-scheduler sends the bind only
-    /// the pod's name and UID).
+    /// Keeps a pod that filter passed for its bind (kube-scheduler sends the bind only the
+    /// pod's name and UID).
     fn remember_filtered(&self, pod: Pod) {
-        let ours = {
-            let c = self.lock();
-            matches!(pod_demand(&pod, c.names()), Ok(Some(_)))
-        };
-        if ours {
-            self.filtered
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .remember(pod);
-        }
+        self.filtered
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remember(pod);
     }
 
     /// The pod a bind is for: as filter saw it when the UIDs match (its spec cannot have
@@ -527,41 +520,21 @@ impl Extender {
             }
             .into());
         }
-        let (reserved, unit, dev) = {
+        let (ann, gpus) = {
             let mut c = self.lock();
-            let r = c.reserve(&pod, node, now_rfc3339())?;
-            let unit = c.names().memory_unit.mib();
-            let first = r.allocation.gpus.first().copied().unwrap_or(0) as usize;
-            let dev = c
-                .engine()
-                .node_id(node)
-                .and_then(|id| c.engine().nodes()[id].gpus.get(first))
-                .map(|g| g.memory_mib / unit);
-            (r, unit, dev)
+            match c.reserve(&pod, node, now_rfc3339()) {
+                // Not a GPU pod (an extender configured without `managedResources` is asked
+                // to bind every pod): bound as it is, its CPU and memory held on the node.
+                Err(ReserveError::NoGpu { .. }) => {
+                    c.assume_host(&pod, node);
+                    (Annotations::new(), Vec::new())
+                }
+                r => {
+                    let r = r?;
+                    (binding_annotations(&c, node, &r), r.allocation.gpus)
+                }
+            }
         };
-        let mut ann = Annotations::new();
-        ann.insert(ASSIGNMENT_ANNOTATION.into(), reserved.assignment.to_json());
-        let first = reserved.allocation.gpus.first().copied().unwrap_or(0);
-        // Saturating: each share is bounded by its GPU, but the sum must never wrap.
-        let pod_mem: u64 = reserved
-            .assignment
-            .containers
-            .values()
-            .flatten()
-            .fold(0, |acc: u64, s| acc.saturating_add(s.memory_mib));
-        ann.insert(ACK_GPU_MEM_IDX.into(), first.to_string());
-        ann.insert(ACK_GPU_MEM_POD.into(), (pod_mem / unit).to_string());
-        ann.insert(ACK_GPU_MEM_ASSIGNED.into(), "false".into());
-        ann.insert(
-            ACK_GPU_MEM_ASSUME_TIME.into(),
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_nanos())
-                .to_string(),
-        );
-        if let Some(dev) = dev {
-            ann.insert(ACK_GPU_MEM_DEV.into(), dev.to_string());
-        }
         // One API call: the Binding carries the annotations (nothing is written if it fails).
         if let Err(e) = self.binder.bind(&key, &uid, node, &ann).await {
             // What the pod holds now is what it carries: bound after all (by an earlier
@@ -583,7 +556,7 @@ impl Extender {
             return Err(e.into());
         }
         tracing::info!(
-            pod = %pod_key(&pod), node = %node, gpus = ?reserved.allocation.gpus,
+            pod = %pod_key(&pod), node = %node, gpus = ?gpus,
             "bound"
         );
         Ok(())
@@ -717,6 +690,40 @@ impl Extender {
         v.sort_by(|a, b| a["pod"].as_str().cmp(&b["pod"].as_str()));
         serde_json::json!({ "allocations": v, "usage": c.usage() })
     }
+}
+
+/// What the Binding of a GPU pod carries onto it: the assignment and the ACK annotations.
+fn binding_annotations(c: &Cluster, node: &str, reserved: &Reserved) -> Annotations {
+    let unit = c.names().memory_unit.mib();
+    let first = reserved.allocation.gpus.first().copied().unwrap_or(0);
+    let dev = c
+        .engine()
+        .node_id(node)
+        .and_then(|id| c.engine().nodes()[id].gpus.get(first as usize))
+        .map(|g| g.memory_mib / unit);
+    let mut ann = Annotations::new();
+    ann.insert(ASSIGNMENT_ANNOTATION.into(), reserved.assignment.to_json());
+    // Saturating: each share is bounded by its GPU, but the sum must never wrap.
+    let pod_mem: u64 = reserved
+        .assignment
+        .containers
+        .values()
+        .flatten()
+        .fold(0, |acc: u64, s| acc.saturating_add(s.memory_mib));
+    ann.insert(ACK_GPU_MEM_IDX.into(), first.to_string());
+    ann.insert(ACK_GPU_MEM_POD.into(), (pod_mem / unit).to_string());
+    ann.insert(ACK_GPU_MEM_ASSIGNED.into(), "false".into());
+    ann.insert(
+        ACK_GPU_MEM_ASSUME_TIME.into(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos())
+            .to_string(),
+    );
+    if let Some(dev) = dev {
+        ann.insert(ACK_GPU_MEM_DEV.into(), dev.to_string());
+    }
+    ann
 }
 
 fn candidate_names(args: &ExtenderArgs) -> std::borrow::Cow<'_, [String]> {
@@ -867,9 +874,11 @@ mod tests {
             ExtenderBindingResult::from(e).error,
             "pod ns/p has UID u, the bind request names v"
         );
+        // A pod without GPUs (asked when the extender manages every pod) is bound as it is.
         let answer = ext.bind(&args("p", "u")).await;
-        assert_eq!(answer.error, "pod ns/p asks for no GPU resource");
-        assert_eq!(ext.metrics.binds_failed.load(Ordering::Relaxed), 1);
+        assert_eq!(answer.error, "");
+        assert_eq!(ext.metrics.binds_ok.load(Ordering::Relaxed), 1);
+        assert_eq!(ext.metrics.binds_failed.load(Ordering::Relaxed), 0);
         let r = ext.filter(&ExtenderArgs::default());
         assert_eq!(r.error, "filter: the request carries no Pod");
         // Found by fuzzing: a 253-byte pod name and UID (each a possible Kubernetes name) made
