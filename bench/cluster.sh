@@ -38,6 +38,8 @@
 # NodeResourcesFit, with that strategy; none: all off), BENCH_TRACE_ALL ((b): 1 (default):
 # the extender without managedResources, asked about every pod, ranks the pods without GPUs
 # too, as the simulator's policy does; 0: only GPU pods, the others left to NodeResourcesFit),
+# BENCH_FILTER_BEST (the extender's --filter-best: filter answers only the N nodes the policy
+# ranks best; 1, the default; 0: every fitting node, kube-scheduler scores them),
 # GPUSHARE_BIN (target/release/gpushare; copied to ROOT first), BENCH_OUT
 # (target/bench/cluster), BENCH_KEEP_LOGS=1 (copy the components' logs to BENCH_OUT/logs).
 # Ports (loopback): BENCH_ETCD_PORT 24790 (+10), BENCH_API_PORT 17443, BENCH_SCHEDULER_PORT
@@ -60,6 +62,7 @@ BENCH_PARTS=${BENCH_PARTS:-a,b}
 BENCH_POLICY=${BENCH_POLICY:-gpushare}
 BENCH_TRACE_FIT=${BENCH_TRACE_FIT:-MostAllocated}
 BENCH_TRACE_ALL=${BENCH_TRACE_ALL:-1}
+BENCH_FILTER_BEST=${BENCH_FILTER_BEST:-1}
 GPUSHARE_BIN=${GPUSHARE_BIN:-$E2E_REPO/target/release/gpushare}
 TRACE_DIR=${BENCH_TRACE_DIR:-$E2E_REPO/../shared/traces/openb}
 EXT_PORT=${BENCH_EXT_PORT:-40999}
@@ -217,7 +220,8 @@ start_extender() {
     _k8s_start extender "$K8S_ROOT/gpushare" scheduler \
         --listen "127.0.0.1:$EXT_PORT" --insecure-http \
         --kubeconfig "$K8S_ROOT/admin.kubeconfig" \
-        --policy "$BENCH_POLICY" --memory-unit MiB --log-level warn
+        --policy "$BENCH_POLICY" --memory-unit MiB --log-level warn \
+        --filter-best "$BENCH_FILTER_BEST"
     _k8s_wait extender 60 "extender /healthz (synced)" \
         curl -fs --max-time 2 "http://127.0.0.1:$EXT_PORT/healthz"
 }
@@ -382,7 +386,9 @@ add() { # KEY JSON-FILE
     jq --arg k "$1" --slurpfile v "$2" '.[$k] = $v[0]' "$summary" >"$summary.tmp" && mv "$summary.tmp" "$summary"
 }
 jq -n --arg l "$(load_avg)" --argjson n "$nodes" --arg c "$(nproc)" \
-    '{nodes: $n, cpus: ($c|tonumber), load_at_start: $l}' >"$BENCH_OUT/machine.json"
+    --argjson fb "$BENCH_FILTER_BEST" --argjson all "$BENCH_TRACE_ALL" --arg fit "$BENCH_TRACE_FIT" \
+    '{nodes: $n, cpus: ($c|tonumber), load_at_start: $l, filter_best: $fb, trace_all: $all, trace_fit: $fit}' \
+    >"$BENCH_OUT/machine.json"
 add machine "$BENCH_OUT/machine.json"
 
 if [[ ,$BENCH_PARTS, == *,a,* ]]; then

@@ -24,6 +24,12 @@ pub struct SchedulerArgs {
     /// follows the node's `ack.node.gpu.placement` label when set.
     #[arg(long, default_value = "gpushare")]
     pub policy: String,
+    /// Filter answers only the N fitting nodes the policy ranks best. 1 (default):
+    /// kube-scheduler places the pod on the policy's choice without scoring or calling
+    /// prioritize; 0: every fitting node, ranked again by kube-scheduler's score plugins
+    /// plus the extender's prioritize.
+    #[arg(long, default_value_t = 1)]
+    pub filter_best: usize,
     /// Seconds an assumed allocation is held when its pod is never seen bound.
     #[arg(long, default_value_t = 300)]
     pub assume_ttl_secs: u64,
@@ -83,6 +89,7 @@ pub fn run(args: &SchedulerArgs) -> anyhow::Result<()> {
         },
         assume_ttl: Duration::from_secs(args.assume_ttl_secs),
         scheduler_names: args.scheduler_names.clone(),
+        filter_best: args.filter_best,
         tls,
     };
     let rt = tokio::runtime::Runtime::new().context("tokio runtime")?;

@@ -144,6 +144,8 @@ pub struct Cluster {
     /// The node ids of the latest filters' passing nodes, for the prioritize that follows
     /// (kube-scheduler sends it the nodes filter passed, in the same order).
     passed: PassedMemo,
+    /// Filter keeps only this many of the fitting nodes, the policy's best (0: all).
+    filter_best: usize,
 }
 
 /// How many filters' passing nodes are remembered for their prioritize.
@@ -315,7 +317,17 @@ impl Cluster {
             pending: false,
             generation: 0,
             passed: PassedMemo::default(),
+            filter_best: 0,
         }
+    }
+
+    /// Filter answers only the `n` nodes the policy ranks best among those that fit (0: every
+    /// fitting node). With 1, kube-scheduler places the pod there without scoring or calling
+    /// prioritize: the policy's decision exactly, and one HTTP call and kube-scheduler's
+    /// scoring less per pod; kube-scheduler's soft preferences (preferred affinity,
+    /// `ScheduleAnyway` spread) then no longer break the policy's ties.
+    pub fn set_filter_best(&mut self, n: usize) {
+        self.filter_best = n;
     }
 
     pub fn names(&self) -> &ResourceNames {
@@ -620,9 +632,17 @@ impl Cluster {
         let mut out = FilterAnswer::default();
         let demand = match self.demand(pod) {
             Ok(Some(d)) => d,
-            // Not ours: every node passes.
+            // Not ours: every node passes (or the best, ranked as prioritize ranks it).
             Ok(None) => {
-                out.node_names = Some(names.iter().map(AsRef::as_ref).collect());
+                let mut ok: Vec<&str> = names.iter().map(AsRef::as_ref).collect();
+                if self.filter_best > 0 && ok.len() > self.filter_best {
+                    let ids: Vec<Option<usize>> =
+                        ok.iter().map(|n| self.engine.node_id(n)).collect();
+                    let request = self.host_request(pod);
+                    let scores = self.raw_scores(&request, &ids);
+                    ok = best_of(ok, &scores, self.filter_best);
+                }
+                out.node_names = Some(ok);
                 return out;
             }
             Err(e) => {
@@ -674,6 +694,20 @@ impl Cluster {
                 }
             }
         }
+        if self.filter_best > 0 && ok.len() > self.filter_best {
+            // Scored on the way above (the engine's cache): no new work.
+            let scores: Vec<Option<f64>> = ids
+                .iter()
+                .map(|&id| scorer.choice(id as usize).map(|c| c.score))
+                .collect();
+            // Among equals the lowest node id (name order), as the simulator's node order.
+            let mut by_id: Vec<usize> = (0..ok.len()).collect();
+            by_id.sort_by_key(|&i| ids[i]);
+            let sorted: Vec<Option<f64>> = by_id.iter().map(|&i| scores[i]).collect();
+            let keep = best_of(by_id, &sorted, self.filter_best);
+            ok = keep.iter().map(|&i| ok[i]).collect();
+            ids = keep.iter().map(|&i| ids[i]).collect();
+        }
         if let Some(uid) = pod.metadata.uid.as_deref().filter(|u| !u.is_empty()) {
             self.passed.remember(Passed {
                 uid: uid.to_string(),
@@ -706,13 +740,9 @@ impl Cluster {
             // A pod without GPUs (asked when the extender manages every pod): ranked by
             // the same policy, which keeps it off the CPU and memory that GPUs need; a node
             // without gpushare GPUs is the best place for it.
-            Ok(None) => {
-                let (cpu, mem) = kubeobjects::pod_requests(pod);
-                Request::cpu_only(pod_key(pod).to_string(), cpu, mem)
-            }
+            Ok(None) => self.host_request(pod),
             Err(_) => return vec![0; names.len()],
         };
-        let cpu_only = request.gpu == GpuDemand::None;
         // The nodes filter passed for this pod, unchanged since: their ids are known.
         let uid = pod.metadata.uid.as_deref().unwrap_or_default();
         let ids = self
@@ -724,15 +754,7 @@ impl Cluster {
                     .map(|n| self.engine.node_id(n.as_ref()))
                     .collect()
             });
-        let mut scorer = self.engine.scorer(&request);
-        let scores: Vec<Option<f64>> = ids
-            .iter()
-            .map(|id| match id {
-                Some(id) => scorer.choice(*id).map(|c| c.score),
-                None if cpu_only => Some(f64::INFINITY),
-                None => None,
-            })
-            .collect();
+        let scores = self.raw_scores(&request, &ids);
         let mut distinct: Vec<f64> = scores.iter().flatten().copied().collect();
         // `total_cmp` is a total order whose equal values are identical: unstable is stable.
         distinct.sort_unstable_by(|a, b| b.total_cmp(a));
@@ -746,6 +768,26 @@ impl Cluster {
                     let rank = distinct.partition_point(|&d| d > s) as i64;
                     MAX_SCORE - rank * MAX_SCORE / levels
                 })
+            })
+            .collect()
+    }
+
+    /// The request of a pod without GPUs: its CPU and memory.
+    fn host_request(&self, pod: &Pod) -> Request {
+        let (cpu, mem) = kubeobjects::pod_requests(pod);
+        Request::cpu_only(pod_key(pod).to_string(), cpu, mem)
+    }
+
+    /// The policy's score of `request` on each node (`None`: it does not fit); a pod without
+    /// GPUs is best on a node that is not gpushare's (`ids` `None`).
+    fn raw_scores(&mut self, request: &Request, ids: &[Option<usize>]) -> Vec<Option<f64>> {
+        let cpu_only = request.gpu == GpuDemand::None;
+        let mut scorer = self.engine.scorer(request);
+        ids.iter()
+            .map(|id| match id {
+                Some(id) => scorer.choice(*id).map(|c| c.score),
+                None if cpu_only => Some(f64::INFINITY),
+                None => None,
             })
             .collect()
     }
@@ -883,6 +925,23 @@ fn shapes_due(n: u64) -> bool {
     } else {
         n.is_multiple_of(half)
     }
+}
+
+/// The `n` items with the highest scores (`None` lowest), earlier items first among equals,
+/// in their original order.
+fn best_of<T>(items: Vec<T>, scores: &[Option<f64>], n: usize) -> Vec<T> {
+    let mut order: Vec<usize> = (0..items.len()).collect();
+    let key = |i: usize| scores.get(i).copied().flatten().unwrap_or(f64::NEG_INFINITY);
+    order.sort_by(|&a, &b| key(b).total_cmp(&key(a)));
+    let mut keep = vec![false; items.len()];
+    for &i in order.iter().take(n) {
+        keep[i] = true;
+    }
+    items
+        .into_iter()
+        .zip(keep)
+        .filter_map(|(t, k)| k.then_some(t))
+        .collect()
 }
 
 fn request_of(a: &Allocation) -> Request {
@@ -1416,6 +1475,47 @@ mod tests {
     /// Prioritize reads the node ids filter passed for the same pod: its answer is what a
     /// prioritize alone answers, for the list filter passed, for any other list, and after the
     /// cluster changed in between.
+    #[test]
+    fn filter_best_answers_the_nodes_prioritize_ranks_first() {
+        let mk = |best| {
+            let mut c = Cluster::new(
+                "gpushare",
+                ResourceNames::default(),
+                Duration::from_secs(60),
+            );
+            c.set_filter_best(best);
+            c.set_node(&node("a", 2, "core_mem", "binpack"));
+            c.set_node(&node("b", 2, "core_mem", "spread"));
+            c.set_node(&node("c", 4, "core_mem", "binpack"));
+            c.reserve(&pod("x", "8", Some("50")), "a", TS.into())
+                .unwrap();
+            c
+        };
+        let q = pod("q", "2", Some("10"));
+        let all = names(&["c", "a", "b", "zz"]);
+        let ranked = mk(0).prioritize(&q, &names(&["c", "a", "b"]));
+        let top = ranked.iter().map(|h| h.score).max().unwrap();
+        assert!(ranked.iter().any(|h| h.score < top), "{ranked:?}");
+        let one = mk(1).filter(&q, &all);
+        let best = one.node_names.unwrap();
+        assert_eq!(best.len(), 1, "{best:?}");
+        assert!(
+            ranked.iter().any(|h| h.host == best[0] && h.score == top),
+            "{best:?} {ranked:?}"
+        );
+        // The unknown node is still refused with its reason; the others are simply not
+        // offered (kube-scheduler takes a node the answer leaves out as filtered away).
+        assert!(one.failed_nodes.contains_key("zz"));
+        // More than fit: every fitting node.
+        let three = mk(5).filter(&q, &all).node_names.unwrap();
+        assert_eq!(three, names(&["c", "a", "b"]));
+        // A pod without GPUs: the best of the names, a node that is not gpushare's first.
+        let mut plain = pod("plain", "1", None);
+        plain.spec.as_mut().unwrap().containers[0].resources = None;
+        let p = mk(1).filter(&plain, &names(&["a", "other"]));
+        assert_eq!(p.node_names.unwrap(), names(&["other"]));
+    }
+
     #[test]
     fn prioritize_after_filter_matches_prioritize_alone() {
         let mk = || {

@@ -31,6 +31,8 @@ pub struct Settings {
     pub assume_ttl: Duration,
     /// Only pods with one of these `schedulerName`s are bound.
     pub scheduler_names: Vec<String>,
+    /// Filter answers only this many fitting nodes, the policy's best (0: all of them).
+    pub filter_best: usize,
     /// Mutual TLS for the HTTP endpoint (`None`: plain HTTP, loopback tests only).
     pub tls: Option<std::sync::Arc<rustls::ServerConfig>>,
 }
@@ -43,7 +45,8 @@ pub async fn serve(
     settings: Settings,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let cluster = cache::Cluster::new(&settings.policy, settings.names, settings.assume_ttl);
+    let mut cluster = cache::Cluster::new(&settings.policy, settings.names, settings.assume_ttl);
+    cluster.set_filter_best(settings.filter_best);
     let binder = Arc::new(apiserver::KubeBinder {
         client: client.clone(),
     });
