@@ -931,7 +931,13 @@ fn shapes_due(n: u64) -> bool {
 /// in their original order.
 fn best_of<T>(items: Vec<T>, scores: &[Option<f64>], n: usize) -> Vec<T> {
     let mut order: Vec<usize> = (0..items.len()).collect();
-    let key = |i: usize| scores.get(i).copied().flatten().unwrap_or(f64::NEG_INFINITY);
+    let key = |i: usize| {
+        scores
+            .get(i)
+            .copied()
+            .flatten()
+            .unwrap_or(f64::NEG_INFINITY)
+    };
     order.sort_by(|&a, &b| key(b).total_cmp(&key(a)));
     let mut keep = vec![false; items.len()];
     for &i in order.iter().take(n) {
