@@ -340,6 +340,11 @@ impl Extender {
         self.synced_nodes.load(Ordering::Acquire) && self.synced_pods.load(Ordering::Acquire)
     }
 
+    /// [`Cluster::set_filter_best`].
+    pub fn set_filter_best(&self, n: usize) {
+        self.lock().set_filter_best(n);
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Cluster> {
         self.cluster.lock().unwrap_or_else(|e| e.into_inner())
     }
