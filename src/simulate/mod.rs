@@ -54,7 +54,11 @@ pub fn run_variant(
         .collect();
     let per_seed: Vec<&Trace> = varied.iter().collect();
     let mut report = run_seeds(&varied[0], &per_seed, policies, seeds, max_load, jobs)?;
-    report.shapes = varied.iter().map(|t| t.workload.shapes.len()).max().unwrap_or(0);
+    report.shapes = varied
+        .iter()
+        .map(|t| t.workload.shapes.len())
+        .max()
+        .unwrap_or(0);
     Ok(report)
 }
 

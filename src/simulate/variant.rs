@@ -39,9 +39,7 @@ pub struct Variant {
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum VariantError {
-    #[error(
-        "variant {spec:?}: {part:?} is not kind:F (kinds: model, multigpu, cpuheavy; or none)"
-    )]
+    #[error("variant {spec:?}: {part:?} is not kind:F (kinds: model, multigpu, cpuheavy; or none)")]
     Syntax { spec: String, part: String },
     #[error("variant {spec:?}: unknown kind {kind:?} (known: model, multigpu, cpuheavy, none)")]
     UnknownKind { spec: String, kind: String },
@@ -272,7 +270,11 @@ mod tests {
                 cpu_milli: 4000 + (i % 7) * 1000,
                 memory_mib: 8192,
                 num_gpu: if i % 5 == 0 { 0 } else { 1 },
-                gpu_milli: if i % 5 == 0 { 0 } else { 250 + (i % 4) as u32 * 250 },
+                gpu_milli: if i % 5 == 0 {
+                    0
+                } else {
+                    250 + (i % 4) as u32 * 250
+                },
                 gpu_spec: Vec::new(),
             })
             .collect();
@@ -298,7 +300,9 @@ mod tests {
         assert!(e.contains("unknown kind \"gpu\""), "{e}");
         let e = Variant::parse("model").unwrap_err().to_string();
         assert!(e.contains("\"model\" is not kind:F"), "{e}");
-        let e = Variant::parse("model:0.1,model:0.2").unwrap_err().to_string();
+        let e = Variant::parse("model:0.1,model:0.2")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("model is given twice"), "{e}");
         assert!(Variant::parse("").is_err());
     }
@@ -335,20 +339,31 @@ mod tests {
         let constrained: Vec<&TracePod> =
             m.pods.iter().filter(|p| !p.gpu_spec.is_empty()).collect();
         assert_eq!(constrained.len(), 240);
-        assert!(constrained.iter().all(|p| p.num_gpu > 0 && p.gpu_spec.len() == 1));
+        assert!(
+            constrained
+                .iter()
+                .all(|p| p.num_gpu > 0 && p.gpu_spec.len() == 1)
+        );
         // Weighted by GPUs: G2 and V100M32 have 40 each, T4 20, P100 10 (of 110).
         let count = |m: &str| constrained.iter().filter(|p| p.gpu_spec[0] == m).count();
         assert!(count("G2") > count("P100") * 2, "{}", count("P100"));
         assert!(count("P100") > 0);
         // Only the constraint changed.
         for (a, b) in m.pods.iter().zip(&t.pods) {
-            assert_eq!((a.cpu_milli, a.num_gpu, a.gpu_milli), (b.cpu_milli, b.num_gpu, b.gpu_milli));
+            assert_eq!(
+                (a.cpu_milli, a.num_gpu, a.gpu_milli),
+                (b.cpu_milli, b.num_gpu, b.gpu_milli)
+            );
         }
 
         let g = Variant::parse("multigpu:0.25").unwrap().apply(&t, 7, 0.95);
         let multi: Vec<&TracePod> = g.pods.iter().filter(|p| p.num_gpu > 1).collect();
         assert_eq!(multi.len(), 200);
-        assert!(multi.iter().all(|p| p.gpu_milli == 1000 && [2, 4, 8].contains(&p.num_gpu)));
+        assert!(
+            multi
+                .iter()
+                .all(|p| p.gpu_milli == 1000 && [2, 4, 8].contains(&p.num_gpu))
+        );
         for c in [2, 4, 8] {
             assert!(multi.iter().any(|p| p.num_gpu == c), "no {c}-GPU pod");
         }
