@@ -165,14 +165,25 @@ bench-throttle:
 	target/bench/venv/bin/python bench/plot_throttle.py
 
 # Packing quality (PACKING.md): every policy over the openb traces, 10 seeds; prints the tables,
-# writes target/bench/pack/<trace>.json and target/bench/pack/pack.png.
+# writes target/bench/pack/<trace>.json and target/bench/pack/pack.png. Then gpushare and fgd
+# over every trace's stress variants (`simulate --variant`), seeds 42–46 and 100–104, into
+# target/bench/pack-variants{,-100}/.
 OPENB ?= $(firstword $(wildcard ../shared/traces/openb /work/shared/traces/openb))
 PACK_TRACES := default gpushare40 gpushare60 gpushare80 gpushare100
+PACK_VARIANT_TRACES := default gpushare20 gpushare40 gpushare60 gpushare80 gpushare100
+PACK_VARIANTS := none model:0.3 multigpu:0.3 cpuheavy:0.3 model:0.3,multigpu:0.3,cpuheavy:0.3
 bench-pack: build
 	@test -n "$(OPENB)" || { echo "bench-pack: openb trace not found; make bench-pack OPENB=DIR"; exit 1; }
 	$(BIN) simulate --nodes $(OPENB)/openb_node_list_gpu_node.csv \
 		--pods $(subst $(eval) ,$(comma),$(foreach t,$(PACK_TRACES),$(OPENB)/openb_pod_list_$(t).csv)) \
 		--policy gpushare,fgd,bestfit,binpack,spread --seeds 10 --out target/bench/pack
+	for base in 42 100; do \
+		$(BIN) simulate --nodes $(OPENB)/openb_node_list_gpu_node.csv \
+			--pods $(subst $(eval) ,$(comma),$(foreach t,$(PACK_VARIANT_TRACES),$(OPENB)/openb_pod_list_$(t).csv)) \
+			$(foreach v,$(PACK_VARIANTS),--variant $(v)) \
+			--policy gpushare,fgd --seeds 5 --seed-base $$base \
+			--out target/bench/pack-variants$$( [ $$base = 42 ] || echo -$$base ) || exit 1; \
+	done
 
 # The extender end to end at cluster scale (bench/cluster.sh): etcd, kube-apiserver and
 # kube-scheduler with `gpushare scheduler` as its extender, the openb cluster's 1,213 GPU nodes

@@ -16,6 +16,11 @@ use anyhow::Context as _;
 use clap::Args;
 
 use crate::simulate;
+use crate::simulate::Variant;
+
+fn parse_variant(s: &str) -> Result<Variant, String> {
+    Variant::parse(s).map_err(|e| e.to_string())
+}
 
 #[derive(Args, Debug, Clone)]
 pub struct SimulateArgs {
@@ -50,6 +55,15 @@ pub struct SimulateArgs {
     /// The PNG plot (unallocated % vs arrived load); default `<out>/pack.png`.
     #[arg(long)]
     pub plot: Option<PathBuf>,
+    /// Stress variants of each pod list, replayed instead of the list as it is (repeat the
+    /// flag for several; `none` is the list as it is). A variant is comma-separated `kind:F`,
+    /// F a fraction in [0, 1]: `model:F` constrains F of the GPU pods to one GPU model (drawn
+    /// from the node list's models, weighted by their GPUs); `multigpu:F` turns F of the GPU
+    /// pods into whole-GPU pods of 2, 4 or 8 GPUs; `cpuheavy:F` multiplies the CPU request of
+    /// F of all pods by 4 (capped by the largest node). Deterministic per seed, e.g.
+    /// `--variant model:0.3 --variant model:0.3,multigpu:0.3,cpuheavy:0.3`.
+    #[arg(long = "variant", value_name = "SPEC", value_parser = parse_variant)]
+    pub variants: Vec<Variant>,
     /// Replays run in parallel (decision times are cleanest with 1).
     #[arg(long, default_value_t = 1)]
     pub jobs: usize,
@@ -68,20 +82,25 @@ pub fn run(args: &SimulateArgs) -> anyhow::Result<()> {
         .with_context(|| format!("cannot create {}", args.out.display()))?;
     let mut written = Vec::new();
     let mut reports = Vec::new();
+    let variants = if args.variants.is_empty() {
+        vec![Variant::default()]
+    } else {
+        args.variants.clone()
+    };
     for pods in &args.pods {
         let trace = simulate::load_trace(&args.nodes, pods, args.typical_coverage)?;
-        let report = simulate::run_trace(&trace, &args.policy, &seeds, args.max_load, args.jobs)?;
-        let doc = report.json();
-        let file = args.out.join(format!("{}.json", report.trace));
-        std::fs::write(&file, serde_json::to_string_pretty(&doc)? + "\n")
-            .with_context(|| format!("cannot write {}", file.display()))?;
-        if args.json {
-            println!("{}", serde_json::to_string(&doc)?);
-        } else {
-            println!("{}", report.table());
+        for variant in &variants {
+            let report = simulate::run_variant(
+                &trace,
+                variant,
+                args.typical_coverage,
+                &args.policy,
+                &seeds,
+                args.max_load,
+                args.jobs,
+            )?;
+            emit(args, report, &mut written, &mut reports)?;
         }
-        written.push(file.display().to_string());
-        reports.push(report);
     }
     let png = args
         .plot
@@ -96,5 +115,28 @@ pub fn run(args: &SimulateArgs) -> anyhow::Result<()> {
     } else {
         println!("{hint}");
     }
+    Ok(())
+}
+
+/// Writes `<out>/<trace>.json` and prints the report (table or JSON line).
+fn emit(
+    args: &SimulateArgs,
+    report: simulate::TraceReport,
+    written: &mut Vec<String>,
+    reports: &mut Vec<simulate::TraceReport>,
+) -> anyhow::Result<()> {
+    let doc = report.json();
+    // Variant names carry ':' and ','; file names get '=' and '_' instead.
+    let stem = report.trace.replace(':', "=").replace(',', "_");
+    let file = args.out.join(format!("{stem}.json"));
+    std::fs::write(&file, serde_json::to_string_pretty(&doc)? + "\n")
+        .with_context(|| format!("cannot write {}", file.display()))?;
+    if args.json {
+        println!("{}", serde_json::to_string(&doc)?);
+    } else {
+        println!("{}", report.table());
+    }
+    written.push(file.display().to_string());
+    reports.push(report);
     Ok(())
 }

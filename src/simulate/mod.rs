@@ -10,6 +10,7 @@ pub mod replay;
 pub mod report;
 pub mod rng;
 pub mod trace;
+pub mod variant;
 
 use std::path::Path;
 use std::sync::Mutex;
@@ -19,10 +20,52 @@ use gpushare_core::placement::{POLICIES, UnknownPolicy};
 pub use replay::{Run, Trace, replay};
 pub use report::{PolicyResult, TraceReport};
 pub use trace::TraceError;
+pub use variant::{Variant, VariantError};
 
 /// Runs every (policy, seed) of `trace`, `jobs` at a time.
 pub fn run_trace(
     trace: &Trace,
+    policies: &[String],
+    seeds: &[u64],
+    max_load: u32,
+    jobs: usize,
+) -> Result<TraceReport, UnknownPolicy> {
+    let per_seed: Vec<&Trace> = seeds.iter().map(|_| trace).collect();
+    run_seeds(trace, &per_seed, policies, seeds, max_load, jobs)
+}
+
+/// Runs every (policy, seed) of `variant` of `trace` (each seed replays its own variant,
+/// [`Variant::apply`]), `jobs` at a time; `coverage` as in [`load_trace`].
+pub fn run_variant(
+    trace: &Trace,
+    variant: &Variant,
+    coverage: f64,
+    policies: &[String],
+    seeds: &[u64],
+    max_load: u32,
+    jobs: usize,
+) -> Result<TraceReport, UnknownPolicy> {
+    if variant.is_none() {
+        return run_trace(trace, policies, seeds, max_load, jobs);
+    }
+    let varied: Vec<Trace> = seeds
+        .iter()
+        .map(|&s| variant.apply(trace, s, coverage))
+        .collect();
+    let per_seed: Vec<&Trace> = varied.iter().collect();
+    let mut report = run_seeds(&varied[0], &per_seed, policies, seeds, max_load, jobs)?;
+    report.shapes = varied
+        .iter()
+        .map(|t| t.workload.shapes.len())
+        .max()
+        .unwrap_or(0);
+    Ok(report)
+}
+
+/// `per_seed[i]`: the trace seed `seeds[i]` replays; `trace` names the report.
+fn run_seeds(
+    trace: &Trace,
+    per_seed: &[&Trace],
     policies: &[String],
     seeds: &[u64],
     max_load: u32,
@@ -33,8 +76,8 @@ pub fn run_trace(
             return Err(UnknownPolicy(p.clone()));
         }
     }
-    let work: Vec<(usize, u64)> = (0..policies.len())
-        .flat_map(|p| seeds.iter().map(move |&s| (p, s)))
+    let work: Vec<(usize, usize)> = (0..policies.len())
+        .flat_map(|p| (0..seeds.len()).map(move |s| (p, s)))
         .collect();
     let next = AtomicUsize::new(0);
     let done: Mutex<Vec<Option<Run>>> = Mutex::new(vec![None; work.len()]);
@@ -44,8 +87,8 @@ pub fn run_trace(
             s.spawn(|| {
                 loop {
                     let i = next.fetch_add(1, Ordering::Relaxed);
-                    let Some(&(p, seed)) = work.get(i) else { break };
-                    match replay(trace, &policies[p], seed, max_load) {
+                    let Some(&(p, s)) = work.get(i) else { break };
+                    match replay(per_seed[s], &policies[p], seeds[s], max_load) {
                         Ok(run) => done.lock().expect("results lock")[i] = Some(run),
                         Err(e) => *error.lock().expect("error lock") = Some(e),
                     }
