@@ -97,24 +97,49 @@ impl PlacementPolicy for Gpushare {
 /// for a GPU model, the same model).
 pub fn rarity(nodes: &[NodeState], workload: &Workload) -> Vec<f64> {
     let by_model = workload.shapes.iter().any(|s| !s.models.is_empty());
+    // Distinct (GPUs, CPU, memory, model) and their GPUs: O(kinds²), not O(nodes²), for the
+    // scheduler's engine rebuilds on large clusters.
+    let key = |n: &NodeState| {
+        let model = if by_model { n.spec.model() } else { "" };
+        (
+            n.gpus.len(),
+            n.spec.cpu_milli,
+            n.spec.memory_mib,
+            model.to_string(),
+        )
+    };
+    let mut kinds: Vec<((usize, u64, u64, String), usize)> = Vec::new();
+    for n in nodes {
+        let k = key(n);
+        match kinds.iter_mut().find(|(x, _)| *x == k) {
+            Some(e) => e.1 += n.gpus.len(),
+            None => kinds.push((k, n.gpus.len())),
+        }
+    }
     let total: usize = nodes.iter().map(|n| n.gpus.len()).sum();
+    let of_kind: Vec<f64> = kinds
+        .iter()
+        .map(|(k, _)| {
+            let covered: usize = kinds
+                .iter()
+                .filter(|(m, _)| m.0 >= k.0 && m.1 >= k.1 && m.2 >= k.2 && m.3 == k.3)
+                .map(|(_, g)| g)
+                .sum();
+            (total as f64 / covered.max(1) as f64).ln()
+        })
+        .collect();
     nodes
         .iter()
         .map(|n| {
             if n.gpus.is_empty() {
                 return 0.0;
             }
-            let covered: usize = nodes
+            let k = key(n);
+            let i = kinds
                 .iter()
-                .filter(|m| {
-                    m.gpus.len() >= n.gpus.len()
-                        && m.spec.cpu_milli >= n.spec.cpu_milli
-                        && m.spec.memory_mib >= n.spec.memory_mib
-                        && (!by_model || m.spec.model() == n.spec.model())
-                })
-                .map(|m| m.gpus.len())
-                .sum();
-            (total as f64 / covered.max(1) as f64).ln()
+                .position(|(x, _)| *x == k)
+                .expect("every node has a kind");
+            of_kind[i]
         })
         .collect()
 }
