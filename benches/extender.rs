@@ -191,6 +191,22 @@ async fn post(conn: &mut BufReader<tokio::net::TcpStream>, path: &str, body: &[u
     buf
 }
 
+/// The candidate counts measured: every node, and a tenth of them (at least 100).
+fn candidate_counts(names: &[String]) -> [usize; 2] {
+    [names.len(), (names.len() / 10).max(100).min(names.len())]
+}
+
+/// Round `r`'s candidate list: `n` names from a start that moves with the round.
+fn candidate_list(names: &[String], r: usize, n: usize) -> Vec<String> {
+    let start = (r * 997) % names.len();
+    names.iter().cycle().skip(start).take(n).cloned().collect()
+}
+
+/// One latency row of the JSON report (`lat` sorted).
+fn latency_json(candidates: usize, lat: &[f64]) -> serde_json::Value {
+    serde_json::json!({"candidates": candidates, "p50": pct(lat, 0.5), "p99": pct(lat, 0.99), "max": lat[lat.len() - 1]})
+}
+
 fn pct(v: &[f64], p: f64) -> f64 {
     let rank = ((p * v.len() as f64).ceil() as usize).clamp(1, v.len());
     v[rank - 1]
@@ -387,19 +403,12 @@ async fn main() {
     conn.get_mut().set_nodelay(true).unwrap();
     let mut results = Vec::new();
     let mut filter_only = Vec::new();
-    for candidates in [names.len(), (names.len() / 10).max(100).min(names.len())] {
+    for candidates in candidate_counts(&names) {
         let mut lat = Vec::new();
         let mut lat_client = Vec::new();
         let mut fit = 0usize;
         for r in 0..rounds {
-            let start = (r * 997) % names.len();
-            let cand: Vec<String> = names
-                .iter()
-                .cycle()
-                .skip(start)
-                .take(candidates)
-                .cloned()
-                .collect();
+            let cand = candidate_list(&names, r, candidates);
             let args = ExtenderArgs {
                 pod: Some(pod(binds + r)),
                 nodes: None,
@@ -443,7 +452,7 @@ async fn main() {
             "  of which the client's JSON (decode the filter answer, encode the prioritize request, decode its answer): p50 {:.2} ms",
             pct(&lat_client, 0.5)
         );
-        results.push(serde_json::json!({"candidates": candidates, "p50": pct(&lat, 0.5), "p99": pct(&lat, 0.99), "max": lat[lat.len()-1]}));
+        results.push(latency_json(candidates, &lat));
     }
 
     // 1b: the shipped default, `--filter-best 1`: filter answers the policy's best node, so
@@ -453,17 +462,10 @@ async fn main() {
     // whose shape the extender has seen since the nodes last changed. A shape not seen since
     // costs a scoring of every candidate: the in-process filter figure above.
     ext.set_filter_best(1);
-    for candidates in [names.len(), (names.len() / 10).max(100).min(names.len())] {
+    for candidates in candidate_counts(&names) {
         let mut lat = Vec::new();
         for r in 0..rounds {
-            let start = (r * 997) % names.len();
-            let cand: Vec<String> = names
-                .iter()
-                .cycle()
-                .skip(start)
-                .take(candidates)
-                .cloned()
-                .collect();
+            let cand = candidate_list(&names, r, candidates);
             let body = serde_json::to_vec(&ExtenderArgs {
                 pod: Some(pod(binds + r)),
                 nodes: None,
@@ -483,7 +485,7 @@ async fn main() {
             pct(&lat, 0.99),
             lat[lat.len() - 1],
         );
-        filter_only.push(serde_json::json!({"candidates": candidates, "p50": pct(&lat, 0.5), "p99": pct(&lat, 0.99), "max": lat[lat.len()-1]}));
+        filter_only.push(latency_json(candidates, &lat));
     }
     let json = serde_json::json!({
         "nodes": nodes, "gpus_per_node": 8,
