@@ -18,7 +18,7 @@
 
 use std::collections::HashMap;
 
-use super::model::{CORE_MILLI_PER_GPU, GpuDemand, Request, ScheduleMode};
+use super::model::{CORE_MILLI_PER_GPU, GpuDemand, MAX_GPUS_PER_NODE, Request, ScheduleMode};
 use super::state::{GpuSet, GpuState, NodeState};
 use super::workload::{Shape, Workload};
 
@@ -37,51 +37,105 @@ pub fn usable_on(shape: &Shape, model: &str, mode: ScheduleMode) -> bool {
     model_ok && mode_ok
 }
 
+/// `x / d` for a divisor fixed in advance, by one multiplication (the scoring loop divides by
+/// each shape's request several times per candidate node; a hardware division costs tens of
+/// cycles).
+#[derive(Debug, Clone, Copy, Default)]
+struct Divisor {
+    d: u64,
+    /// ⌈2⁶⁴ / d⌉ for d ≥ 2.
+    magic: u64,
+}
+
+impl Divisor {
+    fn new(d: u64) -> Self {
+        let magic = if d >= 2 { u64::MAX / d + 1 } else { 0 };
+        Divisor { d, magic }
+    }
+
+    /// `x.checked_div(d).unwrap_or(u64::MAX)`. Exact: with x, d < 2³², x·d < 2⁶⁴, which bounds
+    /// the rounding error of ⌈2⁶⁴/d⌉ below 1/d; larger operands divide in hardware.
+    #[inline]
+    fn div(self, x: u64) -> u64 {
+        if self.d < 2 {
+            return if self.d == 1 { x } else { u64::MAX };
+        }
+        if (x | self.d) >> 32 != 0 {
+            return x / self.d;
+        }
+        ((x as u128 * self.magic as u128) >> 64) as u64
+    }
+}
+
 /// A shape that may use a kind of node.
 #[derive(Debug, Clone)]
 struct UsableShape {
     p: f64,
     cpu_milli: u64,
-    memory_mib: u64,
-    gpu: GpuDemand,
+    /// A whole-GPU shape (else a share of `gpu_memory_mib` and `gpu_core_milli`).
+    whole: bool,
+    gpu_memory_mib: u64,
+    /// 0: no compute asked.
+    gpu_core_milli: u32,
     /// GPUs per copy.
     count: u32,
     /// Per-mille of one of this kind's GPUs a copy takes per GPU.
     size: u32,
+    by_cpu: Divisor,
+    by_memory: Divisor,
+    by_gpu_memory: Divisor,
+    by_gpu_core: Divisor,
+    by_count: Divisor,
 }
 
 impl UsableShape {
-    fn fits(&self, g: &GpuState) -> bool {
-        match self.gpu {
+    fn new(s: &Shape, gpu_memory_mib: u64) -> Self {
+        let (whole, mem, core) = match s.gpu {
             GpuDemand::Shared {
                 memory_mib,
                 core_milli,
                 ..
-            } => g.fits(memory_mib, core_milli),
-            _ => g.is_idle(),
+            } => (false, memory_mib, core_milli.unwrap_or(0)),
+            _ => (true, 0, 0),
+        };
+        let count = s.gpu.count().max(1);
+        UsableShape {
+            p: s.p,
+            cpu_milli: s.cpu_milli,
+            whole,
+            gpu_memory_mib: mem,
+            gpu_core_milli: core,
+            count,
+            size: gpu_size(&s.gpu, gpu_memory_mib),
+            by_cpu: Divisor::new(s.cpu_milli),
+            by_memory: Divisor::new(s.memory_mib),
+            by_gpu_memory: Divisor::new(mem),
+            by_gpu_core: Divisor::new(core as u64),
+            by_count: Divisor::new(count as u64),
+        }
+    }
+
+    #[inline]
+    fn fits(&self, g: &GpuState) -> bool {
+        if self.whole {
+            g.is_idle()
+        } else {
+            g.healthy && g.memory_free >= self.gpu_memory_mib && g.core_free >= self.gpu_core_milli
         }
     }
 
     /// Copies (of one GPU's part) that fit on `g`.
-    fn copies(&self, g: &GpuState) -> u32 {
-        match self.gpu {
-            GpuDemand::Shared {
-                memory_mib,
-                core_milli,
-                ..
-            } => {
-                if !g.healthy {
-                    return 0;
-                }
-                let by_mem = g.memory_free.checked_div(memory_mib).unwrap_or(u64::MAX);
-                let by_core = match core_milli {
-                    Some(c) if c > 0 => g.core_free / c,
-                    _ => u32::MAX,
-                };
-                by_mem.min(by_core as u64).min(CORE_MILLI_PER_GPU as u64) as u32
-            }
-            _ => g.is_idle() as u32,
+    #[inline]
+    fn copies(&self, g: &GpuState) -> u16 {
+        if self.whole {
+            return g.is_idle() as u16;
         }
+        if !g.healthy {
+            return 0;
+        }
+        let by_mem = self.by_gpu_memory.div(g.memory_free);
+        let by_core = self.by_gpu_core.div(g.core_free as u64);
+        by_mem.min(by_core).min(CORE_MILLI_PER_GPU as u64) as u16
     }
 }
 
@@ -94,11 +148,14 @@ struct Kind {
 }
 
 /// Per node and usable shape: GPUs the shape fits on, free capacity of the others, copies.
+/// 16 bits each: a node has at most [`super::model::MAX_GPUS_PER_NODE`] (64) GPUs of at
+/// most 1000 per-mille, so every sum stays below 65,536; six bytes a shape keep the scoring
+/// loop's reads of a node's sums to a few cache lines.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 struct ShapeSum {
-    fit: u32,
-    small: u64,
-    copies: u64,
+    fit: u16,
+    small: u16,
+    copies: u16,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -114,6 +171,29 @@ struct Summary {
 pub struct Frag {
     pub fgd: f64,
     pub repeated: f64,
+}
+
+/// At most this many GPUs change in [`FragModel::after`]'s incremental path.
+const MAX_CHANGED: usize = 8;
+
+/// A GPU a hypothetical placement changes.
+#[derive(Debug, Clone, Copy)]
+struct Changed {
+    before: GpuState,
+    after: GpuState,
+    free_before: u16,
+    free_after: u16,
+}
+
+impl Default for Changed {
+    fn default() -> Self {
+        Changed {
+            before: GpuState::ZERO,
+            after: GpuState::ZERO,
+            free_before: 0,
+            free_after: 0,
+        }
+    }
 }
 
 /// Per-node fragment bookkeeping for one workload.
@@ -180,14 +260,7 @@ impl FragModel {
         let mut k = Kind::default();
         for s in &self.workload.shapes {
             if usable_on(s, model, mode) {
-                k.usable.push(UsableShape {
-                    p: s.p,
-                    cpu_milli: s.cpu_milli,
-                    memory_mib: s.memory_mib,
-                    gpu: s.gpu,
-                    count: s.gpu.count().max(1),
-                    size: gpu_size(&s.gpu, gpu_memory_mib),
-                });
+                k.usable.push(UsableShape::new(s, gpu_memory_mib));
             } else {
                 k.never += s.p;
             }
@@ -216,29 +289,32 @@ impl FragModel {
     /// Node `id`'s value if a pod of `cpu_milli` and `demand` took `gpus`.
     pub fn after(&self, id: usize, node: &NodeState, req: &Request, gpus: GpuSet) -> Frag {
         let (cpu_milli, memory_mib, demand) = (req.cpu_milli, req.memory_mib, &req.gpu);
+        if gpus.len() as usize > MAX_CHANGED {
+            // Rare (more than 8 GPUs changing): recompute from scratch.
+            let mut copy = node.clone();
+            copy.take(req, gpus);
+            return self.from_scratch(id, &copy);
+        }
         let kind = self.kind(id);
         let sum = &self.summaries[id];
         let mode = node.mode();
-        // The GPUs that change, before and after.
-        const MAX: usize = 8;
-        let mut changed: [(GpuState, GpuState); MAX] = [(GpuState::ZERO, GpuState::ZERO); MAX];
+        // The GPUs that change: before and after, and their free capacity.
+        let mut changed = [Changed::default(); MAX_CHANGED];
         let mut n = 0;
         let mut total = sum.total;
         for i in gpus.iter() {
             let before = node.gpus[i];
             let mut after = before;
             after.take(demand);
-            total -= (before.free_milli(mode) - after.free_milli(mode)) as u64;
-            if n < MAX {
-                changed[n] = (before, after);
-                n += 1;
-            }
-        }
-        if gpus.len() as usize > MAX {
-            // Rare (more than 8 GPUs changing): recompute from scratch.
-            let mut copy = node.clone();
-            copy.take(req, gpus);
-            return self.from_scratch(id, &copy);
+            let c = Changed {
+                before,
+                after,
+                free_before: before.free_milli(mode) as u16,
+                free_after: after.free_milli(mode) as u16,
+            };
+            total -= (c.free_before - c.free_after) as u64;
+            changed[n] = c;
+            n += 1;
         }
         let changed = &changed[..n];
         let after_sum = Summary {
@@ -251,19 +327,19 @@ impl FragModel {
         value(kind, &after_sum, repeated, |si| {
             let s = &kind.usable[si];
             let mut acc = sum.per[si];
-            for (b, a) in changed {
-                if s.fits(b) {
+            for c in changed {
+                if s.fits(&c.before) {
                     acc.fit -= 1;
                 } else {
-                    acc.small -= b.free_milli(mode) as u64;
+                    acc.small -= c.free_before;
                 }
-                if s.fits(a) {
+                if s.fits(&c.after) {
                     acc.fit += 1;
                 } else {
-                    acc.small += a.free_milli(mode) as u64;
+                    acc.small += c.free_after;
                 }
                 if repeated {
-                    acc.copies = acc.copies + s.copies(a) as u64 - s.copies(b) as u64;
+                    acc.copies = acc.copies + s.copies(&c.after) - s.copies(&c.before);
                 }
             }
             acc
@@ -282,21 +358,24 @@ impl FragModel {
 /// A node's sums per usable shape.
 fn summarize(kind: &Kind, node: &NodeState, repeated: bool) -> Summary {
     let mode = node.mode();
+    // Specs from outside input are checked for at most 64 GPUs; the sums fit 16 bits then.
+    let gpus = &node.gpus[..node.gpus.len().min(MAX_GPUS_PER_NODE)];
+    let free: Vec<u16> = gpus.iter().map(|g| g.free_milli(mode) as u16).collect();
     let mut sum = Summary {
-        total: node.gpus.iter().map(|g| g.free_milli(mode) as u64).sum(),
+        total: free.iter().map(|&f| f as u64).sum(),
         cpu_free: node.cpu_free,
         memory_free: node.memory_free,
         per: vec![ShapeSum::default(); kind.usable.len()],
     };
     for (s, acc) in kind.usable.iter().zip(sum.per.iter_mut()) {
-        for g in &node.gpus {
+        for (g, &f) in gpus.iter().zip(&free) {
             if s.fits(g) {
                 acc.fit += 1;
             } else {
-                acc.small += g.free_milli(mode) as u64;
+                acc.small += f;
             }
             if repeated {
-                acc.copies += s.copies(g) as u64;
+                acc.copies += s.copies(g);
             }
         }
     }
@@ -316,28 +395,31 @@ fn value(kind: &Kind, sum: &Summary, repeated: bool, per: impl Fn(usize) -> Shap
         fgd: never,
         repeated: if repeated { never } else { 0.0 },
     };
+    // Sums below 2⁶³ convert to f64 in one instruction as i64 (the same value as from u64).
+    let total_f = total as i64 as f64;
     for (i, s) in kind.usable.iter().enumerate() {
         let acc = per(i);
         if sum.cpu_free < s.cpu_milli {
-            f.fgd += s.p * total as f64;
+            f.fgd += s.p * total_f;
             if repeated {
-                f.repeated += s.p * total as f64;
+                f.repeated += s.p * total_f;
             }
             continue;
         }
-        let fgd = if acc.fit >= s.count { acc.small } else { total };
-        f.fgd += s.p * fgd as f64;
+        let fgd = if acc.fit as u32 >= s.count {
+            acc.small as f64
+        } else {
+            total_f
+        };
+        f.fgd += s.p * fgd;
         if !repeated {
             continue;
         }
-        let by_cpu = sum.cpu_free.checked_div(s.cpu_milli).unwrap_or(u64::MAX);
-        let by_mem = sum
-            .memory_free
-            .checked_div(s.memory_mib)
-            .unwrap_or(u64::MAX);
-        let copies = (acc.copies / s.count as u64).min(by_cpu).min(by_mem);
+        let by_cpu = s.by_cpu.div(sum.cpu_free);
+        let by_mem = s.by_memory.div(sum.memory_free);
+        let copies = s.by_count.div(acc.copies as u64).min(by_cpu).min(by_mem);
         let used = copies.saturating_mul(s.count as u64 * s.size as u64);
-        f.repeated += s.p * total.saturating_sub(used) as f64;
+        f.repeated += s.p * total.saturating_sub(used) as i64 as f64;
     }
     f
 }
@@ -366,6 +448,53 @@ mod tests {
             "T4",
             ScheduleMode::CoreMem,
         ))
+    }
+
+    #[test]
+    fn divisor_matches_hardware_division() {
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let edges = [
+            0u64,
+            1,
+            2,
+            3,
+            7,
+            999,
+            1000,
+            1024,
+            81_920,
+            (1 << 32) - 1,
+            1 << 32,
+        ];
+        let mut divisors: Vec<u64> = edges.to_vec();
+        divisors.extend((0..200).map(|_| next() >> (next() % 64)));
+        let mut xs: Vec<u64> = edges.to_vec();
+        xs.extend([u64::MAX, u64::MAX - 1, (1 << 32) + 5]);
+        xs.extend((0..2000).map(|_| next() >> (next() % 64)));
+        for &d in &divisors {
+            let div = Divisor::new(d);
+            for &x in &xs {
+                assert_eq!(
+                    div.div(x),
+                    x.checked_div(d).unwrap_or(u64::MAX),
+                    "{x} / {d}"
+                );
+            }
+            // Around multiples of d, where rounding would show.
+            for k in [1u64, 2, 3, 1000, 65_535] {
+                for x in [k * d, (k * d).saturating_sub(1), k * d + 1] {
+                    if d < 1 << 32 && x < 1 << 32 {
+                        assert_eq!(div.div(x), x.checked_div(d).unwrap_or(u64::MAX));
+                    }
+                }
+            }
+        }
     }
 
     #[test]
