@@ -211,7 +211,11 @@ fn engine_for(
     let specs: Vec<NodeSpec> = nodes.values().filter_map(|n| n.clone().ok()).collect();
     let workload = Workload::from_requests(recent, 0.95);
     let p = by_name(policy, &workload).expect("policy checked at start-up");
-    Engine::new(specs, p)
+    let mut engine = Engine::new(specs, p);
+    // A request shape not scored since many nodes changed (a new shape, or any shape after
+    // the typical shapes were refreshed) is scored on every core.
+    engine.set_threads(std::thread::available_parallelism().map_or(1, |n| n.get()));
+    engine
 }
 
 /// A node's spec for the engine, from its labels and GPU annotation.
@@ -660,10 +664,15 @@ impl Cluster {
         let mut ok = Vec::with_capacity(names.len());
         let mut ids = Vec::with_capacity(names.len());
         let mut scorer = self.engine.scorer(req);
-        for n in names {
+        // Every good node is in the engine: one hash lookup on the common path.
+        let found: Vec<Option<usize>> = names
+            .iter()
+            .map(|n| scorer.engine().node_id(n.as_ref()))
+            .collect();
+        scorer.prepare(found.iter().flatten().copied());
+        for (n, &found) in names.iter().zip(&found) {
             let n = n.as_ref();
-            // Every good node is in the engine: one hash lookup on the common path.
-            let verdict = match scorer.engine().node_id(n) {
+            let verdict = match found {
                 // The pod fits exactly where the policy has a score for it.
                 Some(id) if scorer.choice(id).is_some() => Ok(id),
                 Some(id) => match scorer.engine().check(id, req) {
@@ -783,6 +792,7 @@ impl Cluster {
     fn raw_scores(&mut self, request: &Request, ids: &[Option<usize>]) -> Vec<Option<f64>> {
         let cpu_only = request.gpu == GpuDemand::None;
         let mut scorer = self.engine.scorer(request);
+        scorer.prepare(ids.iter().flatten().copied());
         ids.iter()
             .map(|id| match id {
                 Some(id) => scorer.choice(*id).map(|c| c.score),

@@ -299,3 +299,48 @@ proptest! {
         }
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    /// Large clusters of few node kinds: scoring many stale nodes at once scores each
+    /// distinct node once (nodes equal but for the name share a score) and may run on
+    /// several threads; either way every node's score is the one it gets alone.
+    #[test]
+    fn scoring_equal_nodes_once_and_on_threads_changes_no_score(
+        kinds in prop::collection::vec(node_strategy(), 1..4),
+        copies in 40usize..120,
+        pool in prop::collection::vec(request_strategy(), 1..6),
+        picks in prop::collection::vec(0usize..6, 1..60),
+        threads in 1usize..4,
+    ) {
+        let nodes: Vec<NodeSpec> = (0..copies)
+            .map(|i| NodeSpec { name: format!("n{i}"), ..kinds[i % kinds.len()].clone() })
+            .collect();
+        let reqs: Vec<Request> = picks.iter().map(|&i| pool[i % pool.len()].clone()).collect();
+        let workload = Workload::from_requests(&reqs, 0.95);
+        for policy in POLICIES {
+            let mut e = Engine::new(nodes.clone(), by_name(policy, &workload).unwrap());
+            e.set_threads(threads);
+            e.set_nodes_per_thread(8);
+            for (k, r) in reqs.iter().enumerate() {
+                if k % 3 == 0 {
+                    // On demand, the extender's way: every node prepared, then read.
+                    let mut s = e.scorer(r);
+                    s.prepare(0..copies);
+                    let got: Vec<Option<Choice>> = (0..copies).map(|id| s.choice(id)).collect();
+                    for (id, c) in got.iter().enumerate() {
+                        prop_assert_eq!(c, &e.evaluate(id, r).ok(), "{} node {}", policy, id);
+                    }
+                }
+                let scores = e.scores(r);
+                for (id, c) in scores.iter().enumerate() {
+                    prop_assert_eq!(c, &e.evaluate(id, r).ok(), "{} node {}", policy, id);
+                }
+                let fresh = e.decide_fresh(r);
+                prop_assert_eq!(e.decide(r), fresh);
+                let _ = e.place(r);
+            }
+        }
+    }
+}

@@ -65,7 +65,14 @@ pub struct Engine {
     by_name: HashMap<String, usize, BuildNameHasher>,
     policy: Box<dyn PlacementPolicy>,
     cache: ScoreCache,
+    /// Threads [`Scorer::prepare`] may score on (1: the caller's only), and the fewest nodes
+    /// to score that are worth a thread.
+    threads: usize,
+    nodes_per_thread: usize,
 }
+
+/// Default of [`Engine::set_nodes_per_thread`].
+const PARALLEL_MIN_NODES: usize = 512;
 
 /// The hash of the node-name index: FxHash (rustc's), several times faster than the default
 /// SipHash on names of a few dozen bytes, and a filter looks up every candidate. The keys are
@@ -199,7 +206,23 @@ impl Engine {
                 .collect(),
             nodes,
             policy,
+            threads: 1,
+            nodes_per_thread: PARALLEL_MIN_NODES,
         }
+    }
+
+    /// Lets [`Scorer::prepare`] score on up to `threads` threads (the scheduler's filter, for
+    /// a request shape whose scores are stale on many nodes). Decisions are the same on any
+    /// number of threads; `gpushare simulate` stays on one, so its decision times are one
+    /// core's.
+    pub fn set_threads(&mut self, threads: usize) {
+        self.threads = threads.max(1);
+    }
+
+    /// The fewest distinct nodes to score that are worth another thread (default 512; a
+    /// thread costs tens of microseconds to start, a node a microsecond or two to score).
+    pub fn set_nodes_per_thread(&mut self, nodes: usize) {
+        self.nodes_per_thread = nodes.max(1);
     }
 
     /// Sets the tie-break order: `order` lists every node id once, preferred first.
@@ -288,13 +311,17 @@ impl Engine {
     /// again.
     fn refresh(&mut self, req: &Request) -> usize {
         let slot = self.cache.slot(req, self.nodes.len());
-        for (id, entry) in self.cache.slots[slot].1.iter_mut().enumerate() {
-            if entry.version != self.versions[id] {
-                *entry = Cached {
-                    version: self.versions[id],
-                    choice: score(&self.nodes[id], id, req, self.policy.as_ref()),
-                };
-            }
+        let entries = &mut self.cache.slots[slot].1;
+        let stale: Vec<usize> = (0..entries.len())
+            .filter(|&id| entries[id].version != self.versions[id])
+            .collect();
+        let threads = (self.threads, self.nodes_per_thread);
+        let scored = score_many(&self.nodes, &stale, req, self.policy.as_ref(), threads);
+        for (&id, choice) in stale.iter().zip(scored) {
+            entries[id] = Cached {
+                version: self.versions[id],
+                choice,
+            };
         }
         slot
     }
@@ -399,6 +426,120 @@ impl Scorer<'_> {
     pub fn engine(&self) -> &Engine {
         self.engine
     }
+
+    /// Scores the nodes `ids` whose cached score is stale, on up to [`Engine::set_threads`]
+    /// threads when there are many, so that [`Scorer::choice`] then reads them from the
+    /// cache. Unknown ids are skipped; what each node scores is what [`Scorer::choice`]
+    /// would compute.
+    pub fn prepare(&mut self, ids: impl IntoIterator<Item = usize>) {
+        let e = &mut *self.engine;
+        let n = e.nodes.len();
+        let cached = &e.cache.slots[self.slot].1;
+        let stale: Vec<usize> = ids
+            .into_iter()
+            .filter(|&id| id < n && cached[id].version != e.versions[id])
+            .collect();
+        let threads = (e.threads, e.nodes_per_thread);
+        let scored = score_many(&e.nodes, &stale, self.req, e.policy.as_ref(), threads);
+        let entries = &mut e.cache.slots[self.slot].1;
+        for (&id, choice) in stale.iter().zip(scored) {
+            entries[id] = Cached {
+                version: e.versions[id],
+                choice,
+            };
+        }
+    }
+}
+
+/// Below this many nodes to score, [`score_many`] scores each: looking for equal nodes costs
+/// a hash of each node's state, a tenth of scoring one.
+const DEDUP_MIN_NODES: usize = 32;
+
+/// A node as scoring sees it: its state and spec but not its name. Policies score nodes
+/// equal in this alike ([`PlacementPolicy::score`] depends on the node's spec and state,
+/// not its name or id, beyond the order of ties).
+struct Unnamed<'a>(&'a NodeState);
+
+impl std::hash::Hash for Unnamed<'_> {
+    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
+        let (n, s) = (self.0, &self.0.spec);
+        (n.cpu_free, n.memory_free, n.pods, &n.gpus).hash(h);
+        (s.cpu_milli, s.memory_mib, &s.gpus, s.mode, s.placement).hash(h);
+    }
+}
+
+impl PartialEq for Unnamed<'_> {
+    fn eq(&self, other: &Self) -> bool {
+        let (a, b) = (self.0, other.0);
+        (a.cpu_free, a.memory_free, a.pods, &a.gpus) == (b.cpu_free, b.memory_free, b.pods, &b.gpus)
+            && (
+                a.spec.cpu_milli,
+                a.spec.memory_mib,
+                &a.spec.gpus,
+                a.spec.mode,
+                a.spec.placement,
+            ) == (
+                b.spec.cpu_milli,
+                b.spec.memory_mib,
+                &b.spec.gpus,
+                b.spec.mode,
+                b.spec.placement,
+            )
+    }
+}
+
+impl Eq for Unnamed<'_> {}
+
+/// The scores of nodes `ids` for `req`, in order: each distinct node (equal but for the name,
+/// [`Unnamed`]) scored once, on up to `threads.0` threads, one per `threads.1` nodes to score.
+/// Idle nodes of one kind, or nodes filled alike, are common in a large cluster.
+fn score_many(
+    nodes: &[NodeState],
+    ids: &[usize],
+    req: &Request,
+    policy: &dyn PlacementPolicy,
+    (threads, per_thread): (usize, usize),
+) -> Vec<Option<Choice>> {
+    if ids.len() < DEDUP_MIN_NODES {
+        return ids
+            .iter()
+            .map(|&id| score(&nodes[id], id, req, policy))
+            .collect();
+    }
+    let mut first: HashMap<Unnamed<'_>, usize, BuildNameHasher> =
+        HashMap::with_capacity_and_hasher(ids.len(), Default::default());
+    let mut distinct: Vec<usize> = Vec::new();
+    let which: Vec<usize> = ids
+        .iter()
+        .map(|&id| {
+            *first.entry(Unnamed(&nodes[id])).or_insert_with(|| {
+                distinct.push(id);
+                distinct.len() - 1
+            })
+        })
+        .collect();
+    let run = |ids: &[usize]| -> Vec<Option<Choice>> {
+        ids.iter()
+            .map(|&id| score(&nodes[id], id, req, policy))
+            .collect()
+    };
+    let threads = threads.min(distinct.len() / per_thread).max(1);
+    let scored: Vec<Option<Choice>> = if threads == 1 {
+        run(&distinct)
+    } else {
+        let mut chunks = distinct.chunks(distinct.len().div_ceil(threads));
+        let mine = chunks.next().unwrap_or_default();
+        std::thread::scope(|scope| {
+            // The caller scores the first chunk while the other threads score the rest.
+            let others: Vec<_> = chunks.map(|ids| scope.spawn(move || run(ids))).collect();
+            let mut all = run(mine);
+            for h in others {
+                all.extend(h.join().expect("a scoring thread panicked"));
+            }
+            all
+        })
+    };
+    which.into_iter().map(|i| scored[i]).collect()
 }
 
 /// Node `id`'s score for `req` (`None`: it does not fit).

@@ -119,7 +119,7 @@ pub struct TooManyGpus {
 }
 
 /// One GPU of a node.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct GpuSpec {
     pub memory_mib: u64,
     pub model: String,

@@ -69,7 +69,7 @@ impl FromIterator<usize> for GpuSet {
 }
 
 /// One GPU's free resources.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct GpuState {
     /// Capacity.
     pub memory_mib: u64,
