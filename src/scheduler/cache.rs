@@ -146,6 +146,50 @@ pub struct Cluster {
     passed: PassedMemo,
     /// Filter keeps only this many of the fitting nodes, the policy's best (0: all).
     filter_best: usize,
+    /// The request shapes kept scored ahead of their pods ([`Cluster::warm_step`]).
+    warm: Warm,
+}
+
+/// The warmer's work: the frequent request shapes of the recent pods, and how far the
+/// current pass over them has come.
+#[derive(Debug, Default)]
+struct Warm {
+    keys: Vec<Request>,
+    /// The next shape and node to look at.
+    key: usize,
+    node: usize,
+    /// The cluster generation the current pass started at, and the last one a whole pass
+    /// found unchanged (nothing left to score until the cluster changes).
+    pass_generation: u64,
+    done: Option<u64>,
+}
+
+/// At most this many request shapes are kept scored ahead (the score cache holds 256).
+const WARM_KEYS: usize = 192;
+
+/// The distinct request shapes of `requests` (as the engine's score cache tells them apart),
+/// most frequent first (earliest first among equals), as many as make 99 % of them, at most
+/// [`WARM_KEYS`].
+fn warm_keys(requests: &[Request]) -> Vec<Request> {
+    type Key<'a> = (u64, u64, GpuDemand, &'a [String]);
+    let mut counts: HashMap<Key<'_>, (usize, usize)> = HashMap::new();
+    for (i, r) in requests.iter().enumerate() {
+        let key = (r.cpu_milli, r.memory_mib, r.gpu, r.models.as_slice());
+        counts.entry(key).or_insert((0, i)).0 += 1;
+    }
+    let mut keys: Vec<(usize, usize)> = counts.into_values().collect();
+    keys.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+    let want = requests.len() * 99 / 100;
+    let mut covered = 0;
+    keys.into_iter()
+        .take_while(|&(count, _)| {
+            let more = covered < want.max(1);
+            covered += count;
+            more
+        })
+        .take(WARM_KEYS)
+        .map(|(_, i)| requests[i].clone())
+        .collect()
 }
 
 /// How many filters' passing nodes are remembered for their prioritize.
@@ -322,6 +366,7 @@ impl Cluster {
             generation: 0,
             passed: PassedMemo::default(),
             filter_best: 0,
+            warm: Warm::default(),
         }
     }
 
@@ -373,6 +418,10 @@ impl Cluster {
             &basis
         };
         self.engine = engine_for(&self.nodes, &self.policy, shapes_from);
+        self.warm = Warm {
+            keys: warm_keys(shapes_from),
+            ..Warm::default()
+        };
         let allocs: Vec<Allocation> = self.allocations.values().cloned().collect();
         for a in allocs {
             self.apply(&a);
@@ -898,6 +947,48 @@ impl Cluster {
         })
     }
 
+    /// Scores up to `nodes` nodes for the frequent request shapes of the recent pods, where
+    /// their cached scores are stale, so that a filter for such a pod finds its scores ready:
+    /// after the engine is rebuilt (the typical shapes refreshed, a node changed) every score
+    /// is stale, and scoring 5,000 nodes for one shape takes milliseconds. Call it while the
+    /// extender is idle, a little at a time (each call holds the cluster); `true`: there is
+    /// more to do now, `false`: every such shape is scored on every node as the cluster
+    /// stands.
+    pub fn warm_step(&mut self, nodes: usize) -> bool {
+        self.flush();
+        let n = self.engine.nodes().len();
+        let w = &mut self.warm;
+        if w.keys.is_empty() || n == 0 || w.done == Some(self.generation) {
+            return false;
+        }
+        if w.key >= w.keys.len() {
+            if w.pass_generation == self.generation {
+                w.done = Some(self.generation);
+                return false;
+            }
+            // The cluster changed during the pass: another (only changed nodes are scored).
+            w.key = 0;
+            w.node = 0;
+        }
+        if w.key == 0 && w.node == 0 {
+            w.pass_generation = self.generation;
+        }
+        let end = (w.node + nodes.max(1)).min(n);
+        self.engine.scorer(&w.keys[w.key]).prepare(w.node..end);
+        w.node = end;
+        if end == n {
+            w.key += 1;
+            w.node = 0;
+        }
+        true
+    }
+
+    /// Whether the warmer has nothing to do: every frequent shape is scored on every node as
+    /// the cluster stands ([`Cluster::warm_step`] returned `false` since the last change).
+    pub fn warmed(&self) -> bool {
+        self.warm.keys.is_empty() || self.warm.done == Some(self.generation)
+    }
+
     /// Per node and GPU: what is allocated ([`GpuUsage`]).
     pub fn usage(&self) -> Vec<(String, Vec<GpuUsage>)> {
         self.engine
@@ -1158,6 +1249,64 @@ mod tests {
             .flat_map(|(_, g)| g.iter().map(|g| g.memory_allocated_mib))
             .sum();
         assert_eq!(used, (1 + 7 + 6 * 8) * 1024);
+    }
+
+    #[test]
+    fn the_warmer_scores_the_frequent_shapes_ahead_and_rescores_only_changes() {
+        let mut c = Cluster::new(
+            "gpushare",
+            ResourceNames::default(),
+            Duration::from_secs(60),
+        );
+        let nodes: Vec<String> = (0..40).map(|i| format!("n{i:02}")).collect();
+        for n in &nodes {
+            c.set_node(&node(n, 2, "share", "binpack"));
+        }
+        // Nothing reserved yet: no shapes to warm.
+        assert!(!c.warm_step(16));
+        // Eight 8 GiB pods: the eighth refreshes the shapes (a rebuild, every score stale),
+        // and the warmer keeps their shape scored.
+        for (i, n) in nodes.iter().take(8).enumerate() {
+            c.reserve(&pod(&format!("p{i}"), "8", None), n, TS.into())
+                .unwrap();
+        }
+        let eight = c.demand(&pod("x", "8", None)).unwrap().unwrap().request;
+        let five = c.demand(&pod("y", "5", None)).unwrap().unwrap().request;
+        assert_eq!(c.engine().stale_nodes(&eight), 40);
+        let mut steps = 0;
+        while c.warm_step(16) {
+            steps += 1;
+            assert!(steps < 100, "the warmer never finishes");
+        }
+        // 40 nodes in slices of 16: three steps for the one shape, then the pass is checked.
+        assert_eq!(steps, 3);
+        assert_eq!(c.engine().stale_nodes(&eight), 0);
+        // A shape no recent pod had is left to its filter.
+        assert_eq!(c.engine().stale_nodes(&five), 40);
+        // Nothing changed: nothing to do.
+        assert!(!c.warm_step(16));
+        // One reservation changes one node: one score is stale, and the warmer mends it.
+        c.reserve(&pod("p8", "8", None), &nodes[9], TS.into())
+            .unwrap();
+        assert_eq!(c.engine().stale_nodes(&eight), 1);
+        while c.warm_step(16) {}
+        assert_eq!(c.engine().stale_nodes(&eight), 0);
+        // What the warmer cached is what scoring afresh gives.
+        let best = c.filter(&pod("x", "8", None), &nodes);
+        let mut fresh = Cluster::new(
+            "gpushare",
+            ResourceNames::default(),
+            Duration::from_secs(60),
+        );
+        for n in &nodes {
+            fresh.set_node(&node(n, 2, "share", "binpack"));
+        }
+        for (i, n) in (0..8).chain([9]).enumerate() {
+            fresh
+                .reserve(&pod(&format!("p{i}"), "8", None), &nodes[n], TS.into())
+                .unwrap();
+        }
+        assert_eq!(best, fresh.filter(&pod("x", "8", None), &nodes));
     }
 
     #[test]

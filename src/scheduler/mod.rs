@@ -61,6 +61,7 @@ pub async fn serve(
         let (client, ext) = (client.clone(), ext.clone());
         move || apiserver::watch_pods(client.clone(), ext.clone())
     }));
+    tokio::spawn(ext.clone().warm());
     let expiry = ext.clone();
     tokio::spawn(async move {
         loop {

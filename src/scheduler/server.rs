@@ -271,6 +271,13 @@ pub struct Metrics {
     pub filter_rejections: [AtomicU64; FILTER_REASONS.len()],
 }
 
+/// Nodes the warmer scores per hold of the cluster: a quarter of a millisecond at most that a
+/// filter may wait for it.
+pub const WARM_SLICE: usize = 256;
+
+/// How often the warmer looks for stale scores once it found none.
+pub const WARM_IDLE: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// Shared by the handlers and the watch loop.
 pub struct Extender {
     pub cluster: Mutex<Cluster>,
@@ -347,6 +354,28 @@ impl Extender {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Cluster> {
         self.cluster.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Runs forever: keeps the frequent request shapes of the recent pods scored on every
+    /// node ([`Cluster::warm_step`]), [`WARM_SLICE`] nodes at a time and only when no filter,
+    /// bind or watch event holds the cluster, so that their filters read cached scores. Once
+    /// every such score is current it looks again every [`WARM_IDLE`].
+    pub async fn warm(self: Arc<Self>) {
+        loop {
+            let more = self.synced()
+                && match self.cluster.try_lock() {
+                    Ok(mut c) => c.warm_step(WARM_SLICE),
+                    Err(std::sync::TryLockError::Poisoned(e)) => {
+                        e.into_inner().warm_step(WARM_SLICE)
+                    }
+                    Err(std::sync::TryLockError::WouldBlock) => true,
+                };
+            if more {
+                tokio::task::yield_now().await;
+            } else {
+                tokio::time::sleep(WARM_IDLE).await;
+            }
+        }
     }
 
     pub fn filter(&self, args: &ExtenderArgs) -> ExtenderFilterResult {

@@ -299,6 +299,19 @@ impl Engine {
         }
     }
 
+    /// How many nodes' cached scores for `req`'s shape are missing or stale (read only).
+    pub fn stale_nodes(&self, req: &Request) -> usize {
+        match self.cache.keys.get(&RequestKey::of(req)) {
+            Some(&slot) => self.cache.slots[slot]
+                .1
+                .iter()
+                .zip(&self.versions)
+                .filter(|(c, v)| c.version != **v)
+                .count(),
+            None => self.nodes.len(),
+        }
+    }
+
     /// What [`Engine::decide`] returns, computed from scratch without the score cache (read
     /// only; slower).
     pub fn decide_fresh(&self, req: &Request) -> Result<Placement, Unschedulable> {
