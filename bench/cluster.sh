@@ -7,7 +7,9 @@
 #   (a) throughput: BENCH_PODS (2000) one-GPU-share pods (gpu-mem 2048 MiB = 2 GiB + core 30 %)
 #       through kube-scheduler + extender vs the same pods without GPU limits through
 #       kube-scheduler alone; time from the first pod created to the last pod bound; plus the
-#       over-committed GPUs summed from the written gpushare.io/assignment annotations.
+#       over-committed GPUs summed from the written gpushare.io/assignment annotations; and,
+#       to tell kube-scheduler's own cost of extended resources from the extender's, the GPU
+#       pods through kube-scheduler alone (ratio_to_share_alone).
 #   (b) packing: the openb default pod list in the arrival order of `gpushare simulate` for
 #       BENCH_SEED (42) up to BENCH_LOAD (100) % arrived GPU demand, created one at a time in
 #       that order; the unallocated GPU % compared with `gpushare simulate` for the same seed
@@ -40,8 +42,15 @@
 # too, as the simulator's policy does; 0: only GPU pods, the others left to NodeResourcesFit),
 # BENCH_FILTER_BEST (the extender's --filter-best: filter answers only the N nodes the policy
 # ranks best; 1, the default; 0: every fitting node, kube-scheduler scores them),
+# BENCH_TRACE_SCORE_PCT ((b): kube-scheduler's percentageOfNodesToScore, 100 (default): every
+# feasible node reaches the extender; `default`: unset, kube-scheduler's adaptive share,
+# about 40 % of 1,213 nodes, stops its search there),
 # GPUSHARE_BIN (target/release/gpushare; copied to ROOT first), BENCH_OUT
-# (target/bench/cluster), BENCH_KEEP_LOGS=1 (copy the components' logs to BENCH_OUT/logs).
+# (target/bench/cluster), BENCH_KEEP_LOGS=1 (copy the components' logs to BENCH_OUT/logs),
+# BENCH_PROFILE=SECONDS ((a): kube-scheduler's CPU profile over the first SECONDS of each run
+# into BENCH_OUT/a-{plain,share-alone,extender}-scheduler.pprof and the API server's into
+# a-*-apiserver.pprof, kube-scheduler's metrics after the run into a-*-scheduler-metrics.txt;
+# `go tool pprof -top` reads the profiles).
 # Ports (loopback): BENCH_ETCD_PORT 24790 (+10), BENCH_API_PORT 17443, BENCH_SCHEDULER_PORT
 # 21259, BENCH_EXT_PORT 40999, BENCH_KWOK_PORT 21247 — apart from tests/e2e-k8s's, so both
 # can run on one machine.
@@ -63,6 +72,8 @@ BENCH_POLICY=${BENCH_POLICY:-gpushare}
 BENCH_TRACE_FIT=${BENCH_TRACE_FIT:-MostAllocated}
 BENCH_TRACE_ALL=${BENCH_TRACE_ALL:-1}
 BENCH_FILTER_BEST=${BENCH_FILTER_BEST:-1}
+BENCH_PROFILE=${BENCH_PROFILE:-}
+BENCH_TRACE_SCORE_PCT=${BENCH_TRACE_SCORE_PCT:-100}
 GPUSHARE_BIN=${GPUSHARE_BIN:-$E2E_REPO/target/release/gpushare}
 TRACE_DIR=${BENCH_TRACE_DIR:-$E2E_REPO/../shared/traces/openb}
 EXT_PORT=${BENCH_EXT_PORT:-40999}
@@ -131,7 +142,7 @@ start_apiserver() {
         --max-requests-inflight 3000 \
         --max-mutating-requests-inflight 1500 \
         --enable-priority-and-fairness=false \
-        --profiling=false
+        --profiling="$([[ -n $BENCH_PROFILE ]] && echo true || echo false)"
     _k8s_wait apiserver 180 "kube-apiserver /readyz" k8s_kubectl get --raw /readyz
 }
 
@@ -149,8 +160,9 @@ leaderElection:
   leaderElect: false
 EOF
     if ((trace)); then
+        [[ $BENCH_TRACE_SCORE_PCT == default ]] ||
+            echo "percentageOfNodesToScore: $BENCH_TRACE_SCORE_PCT" >>"$f"
         cat >>"$f" <<EOF
-percentageOfNodesToScore: 100
 profiles:
 - schedulerName: default-scheduler
   plugins:
@@ -207,10 +219,14 @@ EOF
 start_scheduler() { # EXTENDER TRACE
     _k8s_stop scheduler 20
     write_scheduler_config "$1" "$2"
+    local allow=()
+    # BENCH_PROFILE: its profile and metrics readable without credentials (loopback only).
+    [[ -z $BENCH_PROFILE ]] ||
+        allow=(--authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics,/debug/pprof/*)
     _k8s_start scheduler "$K8S_BIN_DIR/kube-scheduler" \
         --v=1 \
         --config "$K8S_ROOT/scheduler.yaml" \
-        --bind-address 127.0.0.1 --secure-port "$K8S_SCHEDULER_PORT"
+        --bind-address 127.0.0.1 --secure-port "$K8S_SCHEDULER_PORT" "${allow[@]}"
     _k8s_wait scheduler 90 "kube-scheduler /healthz" \
         _k8s_https_ok "https://127.0.0.1:$K8S_SCHEDULER_PORT/healthz"
 }
@@ -324,6 +340,29 @@ cpu_snapshot() {
     echo "{${out[*]}}"
 }
 
+# profile_scheduler NAME: with BENCH_PROFILE=SECONDS, kube-scheduler's CPU profile over the
+# next SECONDS (in the background: start it just before a run) into BENCH_OUT/NAME.pprof, and
+# scheduler_metrics NAME its metrics into BENCH_OUT/NAME-metrics.txt (after the run).
+PROFILE_PID=
+profile_scheduler() {
+    [[ -n $BENCH_PROFILE ]] || return 0
+    curl -fsk --max-time $((BENCH_PROFILE + 30)) -o "$BENCH_OUT/$1.pprof" \
+        "https://127.0.0.1:$K8S_SCHEDULER_PORT/debug/pprof/profile?seconds=$BENCH_PROFILE" &
+    PROFILE_PID=$!
+    # The API server's over the same time (admin credentials), beside it.
+    k8s_kubectl get --raw "/debug/pprof/profile?seconds=$BENCH_PROFILE" \
+        >"$BENCH_OUT/${1%-scheduler}-apiserver.pprof" 2>/dev/null &
+    PROFILE_PID="$PROFILE_PID $!"
+}
+scheduler_metrics() {
+    [[ -n $BENCH_PROFILE ]] || return 0
+    # shellcheck disable=SC2086 # two PIDs
+    [[ -z $PROFILE_PID ]] || wait $PROFILE_PID || true
+    PROFILE_PID=
+    curl -fsk --max-time 10 -o "$BENCH_OUT/$1-metrics.txt" \
+        "https://127.0.0.1:$K8S_SCHEDULER_PORT/metrics" || true
+}
+
 # measure NAME PODS-FILE OUT-JSON [run options...]: the run, with the load average and the
 # CPU seconds each component used during it.
 measure() {
@@ -396,21 +435,36 @@ if [[ ,$BENCH_PARTS, == *,a,* ]]; then
     "${PY[@]}" pods-share "$BENCH_PODS" "$root/pods-plain.jsonl" --plain
     "${PY[@]}" pods-share "$BENCH_PODS" "$root/pods-share.jsonl"
     start_scheduler 0 0
+    profile_scheduler a-plain-scheduler
     measure "(a) $BENCH_PODS pods without GPU limits, kube-scheduler alone" \
         "$root/pods-plain.jsonl" "$BENCH_OUT/a-plain.json" --parallel "$BENCH_PARALLEL"
+    scheduler_metrics a-plain-scheduler
+    delete_pods
+    # The GPU pods through kube-scheduler alone (it counts the nodes' aliyun.com/gpu-mem as
+    # a whole, no GPU is chosen): what the extended resources cost kube-scheduler itself
+    # (NodeResourcesFit validates each extended resource name, per pod and node, with a
+    # regular expression), apart from what the extender adds.
+    profile_scheduler a-share-alone-scheduler
+    measure "(a) $BENCH_PODS GPU-share pods, kube-scheduler alone (no extender)" \
+        "$root/pods-share.jsonl" "$BENCH_OUT/a-share-alone.json" --parallel "$BENCH_PARALLEL"
+    scheduler_metrics a-share-alone-scheduler
     delete_pods
     start_extender
     start_scheduler 1 0
+    profile_scheduler a-extender-scheduler
     measure "(a) $BENCH_PODS GPU-share pods, kube-scheduler + extender" \
         "$root/pods-share.jsonl" "$BENCH_OUT/a-extender.json" --parallel "$BENCH_PARALLEL"
+    scheduler_metrics a-extender-scheduler
     curl -fs "http://127.0.0.1:$EXT_PORT/metrics" >"$BENCH_OUT/a-extender-metrics.txt" || true
     k8s_kubectl get nodes -l type=kwok --chunk-size=0 -o json >"$root/nodes.json"
     k8s_kubectl -n bench get pods --chunk-size=0 -o json >"$root/pods.json"
     "${PY[@]}" check-share "$root/nodes.json" "$root/pods.json" "$BENCH_OUT/a-check.json"
     jq -n --slurpfile p "$BENCH_OUT/a-plain.json" --slurpfile e "$BENCH_OUT/a-extender.json" \
-        --slurpfile c "$BENCH_OUT/a-check.json" \
+        --slurpfile s "$BENCH_OUT/a-share-alone.json" --slurpfile c "$BENCH_OUT/a-check.json" \
         '{plain_pods_per_s: $p[0].pods_per_s, extender_pods_per_s: $e[0].pods_per_s,
           ratio: (if $p[0].pods_per_s then (($e[0].pods_per_s / $p[0].pods_per_s) * 1000 | round) / 1000 else null end),
+          share_alone_pods_per_s: $s[0].pods_per_s,
+          ratio_to_share_alone: (if $s[0].pods_per_s then (($e[0].pods_per_s / $s[0].pods_per_s) * 1000 | round) / 1000 else null end),
           goal: 0.9, bound: $e[0].bound, pods: $e[0].pods,
           overcommitted_gpus: $c[0].overcommitted_gpus}' >"$BENCH_OUT/a.json"
     add a "$BENCH_OUT/a.json"
