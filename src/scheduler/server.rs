@@ -362,14 +362,19 @@ impl Extender {
     /// every such score is current it looks again every [`WARM_IDLE`].
     pub async fn warm(self: Arc<Self>) {
         loop {
-            let more = self.synced()
-                && match self.cluster.try_lock() {
-                    Ok(mut c) => c.warm_step(WARM_SLICE),
-                    Err(std::sync::TryLockError::Poisoned(e)) => {
-                        e.into_inner().warm_step(WARM_SLICE)
-                    }
-                    Err(std::sync::TryLockError::WouldBlock) => true,
-                };
+            if !self.synced() {
+                tokio::time::sleep(WARM_IDLE).await;
+                continue;
+            }
+            let more = match self.cluster.try_lock() {
+                Ok(mut c) => c.warm_step(WARM_SLICE),
+                Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner().warm_step(WARM_SLICE),
+                Err(std::sync::TryLockError::WouldBlock) => {
+                    // Someone else's turn (a filter, a bind, a rebuild): no spinning beside it.
+                    tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+                    continue;
+                }
+            };
             if more {
                 tokio::task::yield_now().await;
             } else {
