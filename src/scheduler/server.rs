@@ -366,14 +366,17 @@ impl Extender {
                 tokio::time::sleep(WARM_IDLE).await;
                 continue;
             }
-            let more = match self.cluster.try_lock() {
-                Ok(mut c) => c.warm_step(WARM_SLICE),
-                Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner().warm_step(WARM_SLICE),
-                Err(std::sync::TryLockError::WouldBlock) => {
-                    // Someone else's turn (a filter, a bind, a rebuild): no spinning beside it.
-                    tokio::time::sleep(std::time::Duration::from_millis(1)).await;
-                    continue;
+            let step = match self.cluster.try_lock() {
+                Ok(mut c) => Some(c.warm_step(WARM_SLICE)),
+                Err(std::sync::TryLockError::Poisoned(e)) => {
+                    Some(e.into_inner().warm_step(WARM_SLICE))
                 }
+                Err(std::sync::TryLockError::WouldBlock) => None,
+            };
+            let Some(more) = step else {
+                // Someone else's turn (a filter, a bind, a rebuild): no spinning beside it.
+                tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+                continue;
             };
             if more {
                 tokio::task::yield_now().await;
