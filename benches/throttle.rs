@@ -1068,7 +1068,9 @@ impl Bench {
         let ctl = self.controller(&format!("overhead{n}"), &registry, ComputePolicy::Hard);
         std::thread::sleep(Duration::from_secs(2));
         let tid = controller_tid().expect("controller thread");
+        let sampled = |ctl: &Ctl| ctl.stats().sample_nanos.load(Ordering::Relaxed);
         let (t0, s0, n0) = (Instant::now(), thread_cpu(tid), thread_schedstat(tid));
+        let sampled0 = sampled(&ctl);
         let freezes0: u64 = ctl
             .stats()
             .containers
@@ -1080,6 +1082,7 @@ impl Bench {
         std::thread::sleep(Duration::from_secs(10));
         let wall = t0.elapsed().as_secs_f64();
         let (s1, n1) = (thread_cpu(tid), thread_schedstat(tid));
+        let sampled1 = sampled(&ctl);
         let stats = ctl.stats().containers.lock().unwrap();
         let managed = stats.len();
         let freezes: u64 = stats.values().map(|s| s.freezes).sum::<u64>() - freezes0;
@@ -1095,17 +1098,19 @@ impl Bench {
                 _ => None,
             },
             freezes_per_s: freezes as f64 / wall,
+            sample_pct: 100.0 * (sampled1 - sampled0) as f64 / 1e9 / wall,
             foreign: 0.0,
         };
         println!(
             "  overhead {n:>3} containers ({} managed, {} GPU(s)): controller {:.3} % of a core \
-             (schedstat {}), {:.0} freezes/s",
+             (schedstat {}), {:.0} freezes/s, {:.3} % of a core's time in the sample source",
             o.managed,
             o.gpus,
             o.cpu_pct,
             o.schedstat_pct
                 .map_or("n/a".into(), |v| format!("{v:.3} %")),
-            o.freezes_per_s
+            o.freezes_per_s,
+            o.sample_pct
         );
         o
     }
@@ -1338,6 +1343,8 @@ struct Overhead {
     cpu_pct: f64,
     schedstat_pct: Option<f64>,
     freezes_per_s: f64,
+    /// Wall time in the sample source (sim: the cgroup reads), % of the run.
+    sample_pct: f64,
     foreign: f64,
 }
 
@@ -1378,16 +1385,17 @@ fn print_table(rows: &[Row], overhead: &[Overhead]) {
     if !overhead.is_empty() {
         println!();
         println!(
-            "| managed containers | sim GPUs | controller CPU % of one core (utime+stime) | schedstat % | freezes/s | foreign CPU % |"
+            "| managed containers | sim GPUs | controller CPU % of one core (utime+stime) | schedstat % | of which in the sample source % (wall) | freezes/s | foreign CPU % |"
         );
-        println!("|---:|---:|---:|---:|---:|---:|");
+        println!("|---:|---:|---:|---:|---:|---:|---:|");
         for o in overhead {
             println!(
-                "| {} | {} | {:.2} | {} | {:.0} | {:.1} |",
+                "| {} | {} | {:.2} | {} | {:.3} | {:.0} | {:.1} |",
                 o.n,
                 o.gpus,
                 o.cpu_pct,
                 o.schedstat_pct.map_or("n/a".into(), |v| format!("{v:.3}")),
+                o.sample_pct,
                 o.freezes_per_s,
                 100.0 * o.foreign
             );

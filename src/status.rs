@@ -147,6 +147,9 @@ pub fn metrics(node: &Node) -> String {
                 &[],
                 format!("{:.6}", *t.loop_seconds.lock().expect("stats lock")),
             );
+        let sampled = t.sample_nanos.load(std::sync::atomic::Ordering::Relaxed);
+        m.family("gpushare_controller_sample_seconds_total", Kind::Counter)
+            .sample(&[], format!("{:.6}", sampled as f64 / 1e9));
     }
     m.finish()
 }

@@ -167,6 +167,9 @@ pub struct ThrottleStats {
     pub loop_seconds: Mutex<f64>,
     /// Times the guardian died and was started again.
     pub guardian_restarts: std::sync::atomic::AtomicU64,
+    /// Wall time spent in the sample source since start, nanoseconds (the sim source reads
+    /// each sampled container's cgroup; NVML asks the driver once per GPU).
+    pub sample_nanos: std::sync::atomic::AtomicU64,
 }
 
 /// What the NRI handler shares with the controller: containers to let go of at once.
@@ -762,7 +765,12 @@ impl Controller {
                 throttled: &h.throttled,
             })
             .collect();
+        let sampling = Instant::now();
         let sample = self.source.sample(&tracked);
+        self.stats.sample_nanos.fetch_add(
+            sampling.elapsed().as_nanos().min(u64::MAX as u128) as u64,
+            Ordering::Relaxed,
+        );
         // How many periods each sample covers, where more than one.
         let mut periods: HashMap<String, f64> = HashMap::new();
         for t in &tracked {
