@@ -33,6 +33,9 @@ fn node() -> Arc<Node> {
         },
     );
     *stats.loop_seconds.lock().unwrap() = 0.000125;
+    stats
+        .sample_nanos
+        .store(2_500_000, std::sync::atomic::Ordering::Relaxed);
     let link = ControllerLink::new(CgroupFs::new("/nonexistent", CgroupVersion::V2));
     node.attach(
         Arc::new(stats),
