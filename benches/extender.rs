@@ -501,8 +501,8 @@ async fn main() {
     // kube-scheduler binds it without calling prioritize — one round trip per pod.
     // The pods (and shapes) of the rounds above, so the engine's score
     // cache holds their scores for every node (filter reserves nothing): the path of a pod
-    // whose shape the extender has seen since the nodes last changed. A shape not seen since
-    // costs a scoring of every candidate: the in-process filter figure above.
+    // whose shape the extender has seen since the nodes last changed. A shape no pod had
+    // costs a scoring of every candidate: the "no pod had before" figure above.
     ext.set_filter_best(1);
     for candidates in candidate_counts(&names) {
         let mut lat = Vec::new();

@@ -20,7 +20,8 @@ use gpushare_core::echo::Echo;
 use gpushare_core::placement::model::{LabelError, TooManyGpus};
 use gpushare_core::placement::reject::KIND_LABELS;
 use gpushare_core::placement::{
-    Engine, GpuDemand, GpuSet, GpuSpec, NodeSpec, Placement, Reject, Request, Why, by_name,
+    Engine, GpuDemand, GpuSet, GpuSpec, NodeSpec, Placement, Reject, Request, RequestKey, Why,
+    by_name,
 };
 use gpushare_core::placement::{Workload, model::ScheduleMode};
 use gpushare_core::request::node::{NODE_GPUS_ANNOTATION, NodeGpusError};
@@ -167,15 +168,13 @@ struct Warm {
 /// At most this many request shapes are kept scored ahead (the score cache holds 256).
 const WARM_KEYS: usize = 192;
 
-/// The distinct request shapes of `requests` (as the engine's score cache tells them apart),
+/// The distinct request shapes of `requests` (the engine's score cache's [`RequestKey`]s),
 /// most frequent first (earliest first among equals), as many as make 99 % of them, at most
 /// [`WARM_KEYS`].
 fn warm_keys(requests: &[Request]) -> Vec<Request> {
-    type Key<'a> = (u64, u64, GpuDemand, &'a [String]);
-    let mut counts: HashMap<Key<'_>, (usize, usize)> = HashMap::new();
+    let mut counts: HashMap<RequestKey, (usize, usize)> = HashMap::new();
     for (i, r) in requests.iter().enumerate() {
-        let key = (r.cpu_milli, r.memory_mib, r.gpu, r.models.as_slice());
-        counts.entry(key).or_insert((0, i)).0 += 1;
+        counts.entry(RequestKey::of(r)).or_insert((0, i)).0 += 1;
     }
     let mut keys: Vec<(usize, usize)> = counts.into_values().collect();
     keys.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
@@ -957,10 +956,10 @@ impl Cluster {
     pub fn warm_step(&mut self, nodes: usize) -> bool {
         self.flush();
         let n = self.engine.nodes().len();
-        let w = &mut self.warm;
-        if w.keys.is_empty() || n == 0 || w.done == Some(self.generation) {
+        if n == 0 || self.warmed() {
             return false;
         }
+        let w = &mut self.warm;
         if w.key >= w.keys.len() {
             if w.pass_generation == self.generation {
                 w.done = Some(self.generation);

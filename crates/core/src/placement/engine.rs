@@ -5,10 +5,10 @@
 
 use std::collections::HashMap;
 
-use super::model::{GpuDemand, GpuPlacement, NodeSpec, Request};
+use super::model::{GpuDemand, GpuPlacement, GpuSpec, NodeSpec, Request, ScheduleMode};
 use super::policy::{Choice, PlacementPolicy};
 use super::reject::{KINDS, Reject, Unschedulable, Why};
-use super::state::{GpuSet, NodeState, by_free};
+use super::state::{GpuSet, GpuState, NodeState, by_free};
 
 /// Where a pod goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -111,9 +111,10 @@ impl std::hash::Hasher for NameHasher {
 
 type BuildNameHasher = std::hash::BuildHasherDefault<NameHasher>;
 
-/// What identifies a request for the policies: equal keys get equal scores on a node.
+/// What identifies a request for the policies: equal keys get equal scores on a node (the
+/// score cache keeps one slot per key).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-struct RequestKey {
+pub struct RequestKey {
     cpu_milli: u64,
     memory_mib: u64,
     gpu: GpuDemand,
@@ -121,7 +122,7 @@ struct RequestKey {
 }
 
 impl RequestKey {
-    fn of(r: &Request) -> Self {
+    pub fn of(r: &Request) -> Self {
         RequestKey {
             cpu_milli: r.cpu_milli,
             memory_mib: r.memory_mib,
@@ -323,20 +324,10 @@ impl Engine {
     /// The cache slot of `req`'s shape, with every node changed since its last use scored
     /// again.
     fn refresh(&mut self, req: &Request) -> usize {
-        let slot = self.cache.slot(req, self.nodes.len());
-        let entries = &mut self.cache.slots[slot].1;
-        let stale: Vec<usize> = (0..entries.len())
-            .filter(|&id| entries[id].version != self.versions[id])
-            .collect();
-        let threads = (self.threads, self.nodes_per_thread);
-        let scored = score_many(&self.nodes, &stale, req, self.policy.as_ref(), threads);
-        for (&id, choice) in stale.iter().zip(scored) {
-            entries[id] = Cached {
-                version: self.versions[id],
-                choice,
-            };
-        }
-        slot
+        let n = self.nodes.len();
+        let mut scorer = self.scorer(req);
+        scorer.prepare(0..n);
+        scorer.slot
     }
 
     /// The highest-scoring node (ties: the earlier in the tie order).
@@ -473,31 +464,32 @@ const DEDUP_MIN_NODES: usize = 32;
 /// not its name or id, beyond the order of ties).
 struct Unnamed<'a>(&'a NodeState);
 
+/// What [`Unnamed`] compares and hashes: the node's free resources and pod count, and its
+/// spec but for the name.
+type UnnamedKey<'a> = (
+    (u64, u64, u32, &'a [GpuState]),
+    (u64, u64, &'a [GpuSpec], ScheduleMode, Option<GpuPlacement>),
+);
+
+impl Unnamed<'_> {
+    fn key(&self) -> UnnamedKey<'_> {
+        let (n, s) = (self.0, &self.0.spec);
+        (
+            (n.cpu_free, n.memory_free, n.pods, &n.gpus),
+            (s.cpu_milli, s.memory_mib, &s.gpus, s.mode, s.placement),
+        )
+    }
+}
+
 impl std::hash::Hash for Unnamed<'_> {
     fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
-        let (n, s) = (self.0, &self.0.spec);
-        (n.cpu_free, n.memory_free, n.pods, &n.gpus).hash(h);
-        (s.cpu_milli, s.memory_mib, &s.gpus, s.mode, s.placement).hash(h);
+        self.key().hash(h);
     }
 }
 
 impl PartialEq for Unnamed<'_> {
     fn eq(&self, other: &Self) -> bool {
-        let (a, b) = (self.0, other.0);
-        (a.cpu_free, a.memory_free, a.pods, &a.gpus) == (b.cpu_free, b.memory_free, b.pods, &b.gpus)
-            && (
-                a.spec.cpu_milli,
-                a.spec.memory_mib,
-                &a.spec.gpus,
-                a.spec.mode,
-                a.spec.placement,
-            ) == (
-                b.spec.cpu_milli,
-                b.spec.memory_mib,
-                &b.spec.gpus,
-                b.spec.mode,
-                b.spec.placement,
-            )
+        self.key() == other.key()
     }
 }
 
@@ -513,11 +505,13 @@ fn score_many(
     policy: &dyn PlacementPolicy,
     (threads, per_thread): (usize, usize),
 ) -> Vec<Option<Choice>> {
-    if ids.len() < DEDUP_MIN_NODES {
-        return ids
-            .iter()
+    let run = |ids: &[usize]| -> Vec<Option<Choice>> {
+        ids.iter()
             .map(|&id| score(&nodes[id], id, req, policy))
-            .collect();
+            .collect()
+    };
+    if ids.len() < DEDUP_MIN_NODES {
+        return run(ids);
     }
     let mut first: HashMap<Unnamed<'_>, usize, BuildNameHasher> =
         HashMap::with_capacity_and_hasher(ids.len(), Default::default());
@@ -531,11 +525,6 @@ fn score_many(
             })
         })
         .collect();
-    let run = |ids: &[usize]| -> Vec<Option<Choice>> {
-        ids.iter()
-            .map(|&id| score(&nodes[id], id, req, policy))
-            .collect()
-    };
     let threads = threads.min(distinct.len() / per_thread).max(1);
     let scored: Vec<Option<Choice>> = if threads == 1 {
         run(&distinct)

@@ -18,7 +18,7 @@ pub mod reject;
 pub mod state;
 pub mod workload;
 
-pub use engine::{Engine, PlacedGpu, Placement, Scorer};
+pub use engine::{Engine, PlacedGpu, Placement, RequestKey, Scorer};
 pub use model::{
     GpuDemand, GpuPlacement, GpuSpec, InvalidRequest, NodeSpec, Request, ScheduleMode,
 };
