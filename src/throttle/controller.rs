@@ -195,10 +195,12 @@ impl ControllerLink {
 
     /// A registered container is about to start (NRI StartContainer, which containerd sends
     /// between `runc create` and `runc start`; the runtime wrapper's `start`): the controller
-    /// ends its period at once and begins the next, so the container is taken on, its
-    /// process (`runc init`, still waiting) moved into the throttled child and given the
-    /// period's first window before it runs — not after up to a period at full speed. Does
-    /// not wait for the controller.
+    /// ends its period at once and begins the next, so the container is taken on (its
+    /// throttled child made, the guardian list written) and given the period's first window
+    /// — not after up to a period at full speed. Its process (`runc init`, still waiting)
+    /// stays in the container's cgroup, thawed, until the next period moves it into the
+    /// throttled child: a move stalls the node's forks while it runs, runc's start among
+    /// them. Does not wait for the controller.
     pub fn starting(&self) {
         self.wake.raise();
     }
@@ -327,6 +329,9 @@ pub struct Controller {
     /// The registry's and the link's generations the tracked set was last built from, while
     /// nothing was left to retry: until either changes, a period skips the rebuild.
     synced: Option<(u64, u64)>,
+    /// The period now running began early, for a container starting
+    /// ([`ControllerLink::starting`]).
+    woken: bool,
 }
 
 /// Idle containers' processes are swept into the throttled child every this many periods
@@ -380,6 +385,7 @@ impl Controller {
             mode: FreezerMode::Cgroup,
             periods: 0,
             synced: None,
+            woken: false,
         }
     }
 
@@ -722,6 +728,18 @@ impl Controller {
     /// period then begins at once.
     fn period(&mut self, start: Instant, period: Duration, stop: &AtomicBool) -> bool {
         let before: usize = self.handles.len();
+        // A period begun for a starting container takes it on (its throttled child, the
+        // guardian list, its window first in the plan) but leaves its processes where they
+        // are until the next period: moving a process between cgroups write-locks the
+        // kernel's cgroup threadgroup lock, which stalls every fork and exit on the node —
+        // runc's own, in the middle of the container's start. Meanwhile they run thawed in
+        // the container's cgroup, whose CPU time is charged to the container as always.
+        let woken = std::mem::take(&mut self.woken);
+        let known: HashSet<String> = if woken {
+            self.handles.keys().cloned().collect()
+        } else {
+            HashSet::new()
+        };
         self.sync_members();
         let n = self.periods;
         self.periods += 1;
@@ -741,8 +759,11 @@ impl Controller {
         // from the next period on); idle ones, which are not frozen, less often. What an idle
         // one uses is charged to its debt (sampled every period, or every IDLE_SAMPLE_EVERY
         // with a sim source, each sample charged for the periods it covers).
-        let sweep_all = n.is_multiple_of(SWEEP_EVERY) || self.handles.len() != before;
+        let sweep_all = n.is_multiple_of(SWEEP_EVERY) || (self.handles.len() != before && !woken);
         for (id, h) in &self.handles {
+            if woken && !known.contains(id) {
+                continue;
+            }
             if h.own_child && (sweep_all || !idle.contains(id.as_str())) {
                 sweep(&h.cgroup, &h.throttled);
             }
@@ -886,7 +907,10 @@ impl Controller {
                 self.period(start, period, &stop)
             }));
             let woken = match result {
-                Ok(woken) => woken,
+                Ok(woken) => {
+                    self.woken = woken;
+                    woken
+                }
                 Err(_) => {
                     tracing::error!("controller period panicked; thawing everything");
                     let _guard = ThawOnDrop(&mut self.handles);
@@ -1261,6 +1285,37 @@ mod tests {
             assert_eq!(h.child_freezer(A), frozen);
             // The container's own cgroup is never frozen (exec keeps working).
             assert_eq!(get(&freezer_file(&h.cgroup(A))), format!("{thawed}\n"));
+        }
+    }
+
+    #[test]
+    fn a_starting_container_is_taken_on_at_once_and_its_processes_moved_a_period_later() {
+        for version in [CgroupVersion::V1, CgroupVersion::V2] {
+            let (frozen, _) = states(version);
+            let mut h = Harness::new(version, &[]);
+            h.add("a", A, 0, Some(30), 0.3);
+            h.periods(1);
+            // `runc create` made the cgroup (with `runc init` in it); NRI StartContainer cut
+            // the period short.
+            add_fake_cgroup(&h.fs, A);
+            add_fake_cgroup(&h.fs, &format!("{A}/{THROTTLED_CHILD}"));
+            put(&h.cgroup(A).freezer_dir().join("cgroup.procs"), "4242\n");
+            let child = h.cgroup(A).throttled_child();
+            let procs = child.freezer_dir().join("cgroup.procs");
+            h.ctl.woken = true;
+            h.periods(1);
+            // Taken on: in the guardian list, planned (its window first, the child frozen
+            // after it); `runc init` left in the container's cgroup, which is never frozen:
+            // no cgroup move and no freeze during the start.
+            assert_eq!(
+                h.guardian_list(),
+                format!("{}\n", child.freezer_dir().display())
+            );
+            assert_eq!(h.child_freezer(A), frozen);
+            assert_ne!(get(&procs), "4242", "{version:?}: moved during the start");
+            // The next period moves it.
+            h.periods(1);
+            assert_eq!(get(&procs), "4242", "{version:?}");
         }
     }
 
