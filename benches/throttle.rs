@@ -874,6 +874,8 @@ impl Bench {
     /// start`); returns the FIFO for [`release`].
     fn waiting(&self, c: &mut Ctr) -> PathBuf {
         let fifo = self.shm.path().join(format!("{}.start", c.id));
+        // A repeated run (after interference) reuses the container's id, and its FIFO.
+        let _ = std::fs::remove_file(&fifo);
         nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600))
             .expect("mkfifo");
         let script = self.burn_script(c);
