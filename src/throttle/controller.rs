@@ -329,9 +329,6 @@ pub struct Controller {
     /// The registry's and the link's generations the tracked set was last built from, while
     /// nothing was left to retry: until either changes, a period skips the rebuild.
     synced: Option<(u64, u64)>,
-    /// The period now running began early, for a container starting
-    /// ([`ControllerLink::starting`]).
-    woken: bool,
 }
 
 /// Idle containers' processes are swept into the throttled child every this many periods
@@ -385,7 +382,6 @@ impl Controller {
             mode: FreezerMode::Cgroup,
             periods: 0,
             synced: None,
-            woken: false,
         }
     }
 
@@ -725,8 +721,8 @@ impl Controller {
 
     /// One period: sample, plan, and carry the plan out until `start + period`. Returns
     /// early (true) when a container is starting ([`ControllerLink::starting`]): the next
-    /// period then begins at once.
-    fn period(&mut self, start: Instant, period: Duration, stop: &AtomicBool) -> bool {
+    /// period then begins at once, with `woken` set.
+    fn period(&mut self, start: Instant, period: Duration, stop: &AtomicBool, woken: bool) -> bool {
         let before: usize = self.handles.len();
         // A period begun for a starting container takes it on (its throttled child, the
         // guardian list, its window first in the plan) but leaves its processes where they
@@ -734,7 +730,6 @@ impl Controller {
         // kernel's cgroup threadgroup lock, which stalls every fork and exit on the node —
         // runc's own, in the middle of the container's start. Meanwhile they run thawed in
         // the container's cgroup, whose CPU time is charged to the container as always.
-        let woken = std::mem::take(&mut self.woken);
         let known: HashSet<String> = if woken {
             self.handles.keys().cloned().collect()
         } else {
@@ -898,19 +893,17 @@ impl Controller {
     pub fn run(mut self, stop: Arc<AtomicBool>) {
         let period = Duration::from_millis(self.cfg.period_ms.max(10));
         let mut next = self.clock.now();
+        let mut woken = false;
         while !stop.load(Ordering::Relaxed) {
             if !self.guardian_alive() {
                 break;
             }
             let start = next;
             let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                self.period(start, period, &stop)
+                self.period(start, period, &stop, woken)
             }));
-            let woken = match result {
-                Ok(woken) => {
-                    self.woken = woken;
-                    woken
-                }
+            woken = match result {
+                Ok(woken) => woken,
                 Err(_) => {
                     tracing::error!("controller period panicked; thawing everything");
                     let _guard = ThawOnDrop(&mut self.handles);
@@ -1215,7 +1208,8 @@ mod tests {
         fn periods(&mut self, n: usize) {
             for _ in 0..n {
                 let start = *self.now.lock().unwrap();
-                self.ctl.period(start, PERIOD, &AtomicBool::new(false));
+                self.ctl
+                    .period(start, PERIOD, &AtomicBool::new(false), false);
             }
         }
 
@@ -1302,8 +1296,8 @@ mod tests {
             put(&h.cgroup(A).freezer_dir().join("cgroup.procs"), "4242\n");
             let child = h.cgroup(A).throttled_child();
             let procs = child.freezer_dir().join("cgroup.procs");
-            h.ctl.woken = true;
-            h.periods(1);
+            let start = *h.now.lock().unwrap();
+            h.ctl.period(start, PERIOD, &AtomicBool::new(false), true);
             // Taken on: in the guardian list, planned (its window first, the child frozen
             // after it); `runc init` left in the container's cgroup, which is never frozen:
             // no cgroup move and no freeze during the start.
