@@ -22,11 +22,12 @@ CHART=$E2E_REPO/install/helm/gpushare
 NS=gpushare-system
 RELEASE=gpushare
 # Host paths and ports of this test, apart from the defaults (/run/gpushare, 9402, 39999,
-# 10259) a node agent or extender of another suite may use on this machine.
+# 10259) a node agent or extender of another suite may use on this machine; all below the
+# ephemeral range (32768-60999), where an outgoing connection can hold a port.
 HOST_DIR=/run/gpushare-e2e-install
-STATUS_PORT=39402
-EXT_PORT=39443
-KS_PORT=39259
+STATUS_PORT=19412
+EXT_PORT=19443
+KS_PORT=19259
 ROOT=
 WORK=$(mktemp -d /tmp/gpushare-install.XXXXXX)
 

@@ -16,8 +16,10 @@ K8S_WAIT_WHO=e2e-k8s
 
 BIN=${GPUSHARE_BIN:-$E2E_REPO/target/release/gpushare}
 [[ -x $BIN ]] || { echo "e2e-k8s: $BIN not built (cargo build --release)" >&2; exit 1; }
-EXT_PORT=${GPUSHARE_EXT_PORT:-39999}
-STATUS_PORT=${GPUSHARE_STATUS_PORT:-39998}
+# Test ports sit below Linux's ephemeral range (32768-60999): an earlier suite's outgoing
+# connection can hold a port inside it ("Address already in use" once in CI at 39998).
+EXT_PORT=${GPUSHARE_EXT_PORT:-19999}
+STATUS_PORT=${GPUSHARE_STATUS_PORT:-19998}
 # kube-scheduler calls the extender over mutual TLS (issue 11.2): the extender's serving
 # certificate and kube-scheduler's client certificate come from a CA of their own.
 export K8S_EXTENDER_URL=https://127.0.0.1:$EXT_PORT
