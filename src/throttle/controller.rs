@@ -25,7 +25,7 @@ use super::cgroup::{CgroupError, CgroupFs, ContainerCgroup};
 use super::freezer::{Freezer, FreezerMode, Processes, SignalFreezer};
 use super::source::{SampleSource, Tracked};
 use crate::registry::{ContainerState, Registry};
-use gpushare_core::control::{ComputePolicy, GpuLoop, Member, Params, Plan};
+use gpushare_core::control::{ComputePolicy, GpuLoop, Member, Params, Window};
 
 /// Errors of starting the controller; each names the path it concerns.
 #[derive(Debug, thiserror::Error)]
@@ -262,6 +262,45 @@ fn sweep(parent: &ContainerCgroup, child: &ContainerCgroup) {
     }
 }
 
+const WHOLE: Window = Window {
+    start: 0.0,
+    end: 1.0,
+};
+
+/// Freezes or thaws one tracked container (a no-op when it already is so; never freezes one
+/// that is released or not in the guardian list), and counts it in the stats.
+fn set_frozen(
+    h: &mut Handle,
+    id: &str,
+    frozen: bool,
+    now: Instant,
+    link: &ControllerLink,
+    stats: &ThrottleStats,
+) {
+    if h.frozen == frozen || (frozen && (link.is_released(id) || !h.recorded)) {
+        return;
+    }
+    let r = if frozen {
+        h.freezer.freeze()
+    } else {
+        h.freezer.thaw()
+    };
+    match r {
+        Ok(()) => {
+            h.frozen = frozen;
+            let mut stats = stats.containers.lock().expect("stats lock");
+            let s = stats.entry(id.to_string()).or_default();
+            if frozen {
+                h.frozen_since = Some(now);
+                s.freezes += 1;
+            } else if let Some(since) = h.frozen_since.take() {
+                s.throttled_seconds += now.duration_since(since).as_secs_f64();
+            }
+        }
+        Err(e) => tracing::warn!(container = %id, error = %e, frozen, "freezer write failed"),
+    }
+}
+
 struct Handle {
     cgroup: ContainerCgroup,
     /// Where the workload's processes are kept: `<container cgroup>/gpushare-throttled`
@@ -284,6 +323,18 @@ struct Handle {
     /// In the guardian list on disk: only then may it be frozen (a frozen cgroup the
     /// guardian does not know of could outlive the agent frozen).
     recorded: bool,
+    /// Its windows in the last plan of each GPU it holds (in the order of `gpus`; the whole
+    /// period until a plan holds it back), copied from the loops once a period so that the
+    /// window boundaries look nothing up.
+    windows: Vec<Vec<Window>>,
+    /// Per-period scratch, kept here so a period allocates nothing per container: idle on
+    /// every GPU it holds (as of the last plan); sampled this period; how many periods that
+    /// sample covers; thawed at the current window boundary.
+    idle: bool,
+    idle_on: usize,
+    sampled_now: bool,
+    covers: f64,
+    runs: bool,
 }
 
 impl Handle {
@@ -295,6 +346,7 @@ impl Handle {
         gpus: Vec<u32>,
     ) -> Handle {
         Handle {
+            windows: vec![vec![WHOLE]; gpus.len()],
             own_child: throttled != cgroup,
             cgroup,
             throttled,
@@ -305,6 +357,11 @@ impl Handle {
             sampled_at: None,
             phase: 0,
             recorded: false,
+            idle: false,
+            idle_on: 0,
+            sampled_now: false,
+            covers: 1.0,
+            runs: true,
         }
     }
 }
@@ -329,6 +386,8 @@ pub struct Controller {
     /// The registry's and the link's generations the tracked set was last built from, while
     /// nothing was left to retry: until either changes, a period skips the rebuild.
     synced: Option<(u64, u64)>,
+    /// The window boundaries of the current period (kept to reuse its memory).
+    boundaries: Vec<f64>,
 }
 
 /// Idle containers' processes are swept into the throttled child every this many periods
@@ -376,6 +435,7 @@ impl Controller {
             stats: Arc::new(ThrottleStats::default()),
             loops: BTreeMap::new(),
             handles: HashMap::new(),
+            boundaries: vec![],
             guardian_list: None,
             guardian: None,
             link,
@@ -600,6 +660,39 @@ impl Controller {
                 .or_insert_with(|| GpuLoop::new(params))
                 .set_members(&members);
         }
+        self.copy_schedules(&mut vec![]);
+    }
+
+    /// Copies each loop's last plan into the handles of its members (their windows on that
+    /// GPU, and whether they are idle on every GPU they hold), and collects the window
+    /// boundaries in [0, 1) into `boundaries` (0 included, unsorted) where there is a plan.
+    fn copy_schedules(&mut self, boundaries: &mut Vec<f64>) {
+        for h in self.handles.values_mut() {
+            h.idle_on = 0;
+        }
+        for (gpu, lp) in &self.loops {
+            for (id, idle, ws) in lp.schedule() {
+                boundaries.extend(
+                    ws.iter()
+                        .flat_map(|w| [w.start, w.end])
+                        .filter(|t| *t < 1.0),
+                );
+                let Some(h) = self.handles.get_mut(id) else {
+                    continue;
+                };
+                if let Some(i) = h.gpus.iter().position(|g| g == gpu) {
+                    h.windows[i].clear();
+                    h.windows[i].extend_from_slice(ws);
+                    h.idle_on += usize::from(idle);
+                }
+            }
+        }
+        for h in self.handles.values_mut() {
+            h.idle = h.idle_on == h.gpus.len();
+        }
+        if !self.loops.is_empty() {
+            boundaries.push(0.0);
+        }
     }
 
     /// Replaces the guardian list (controller state under `state_dir`, not cgroupfs) with the
@@ -623,30 +716,8 @@ impl Controller {
     }
 
     fn set_frozen(&mut self, id: &str, frozen: bool, now: Instant) {
-        let Some(h) = self.handles.get_mut(id) else {
-            return;
-        };
-        if h.frozen == frozen || (frozen && (self.link.is_released(id) || !h.recorded)) {
-            return;
-        }
-        let r = if frozen {
-            h.freezer.freeze()
-        } else {
-            h.freezer.thaw()
-        };
-        match r {
-            Ok(()) => {
-                h.frozen = frozen;
-                let mut stats = self.stats.containers.lock().expect("stats lock");
-                let s = stats.entry(id.to_string()).or_default();
-                if frozen {
-                    h.frozen_since = Some(now);
-                    s.freezes += 1;
-                } else if let Some(since) = h.frozen_since.take() {
-                    s.throttled_seconds += now.duration_since(since).as_secs_f64();
-                }
-            }
-            Err(e) => tracing::warn!(container = %id, error = %e, frozen, "freezer write failed"),
+        if let Some(h) = self.handles.get_mut(id) {
+            set_frozen(h, id, frozen, now, &self.link, &self.stats);
         }
     }
 
@@ -738,18 +809,7 @@ impl Controller {
         self.sync_members();
         let n = self.periods;
         self.periods += 1;
-        let loops = &self.loops;
-        // Idle on every GPU it holds (as of the last plan), worked out once a period.
-        let idle: HashSet<&str> = self
-            .handles
-            .iter()
-            .filter(|(id, h)| {
-                h.gpus
-                    .iter()
-                    .all(|g| loops.get(g).is_some_and(|lp| lp.is_idle(id)))
-            })
-            .map(|(id, _)| id.as_str())
-            .collect();
+        // Idle (on every GPU it holds) is as of the last plan, copied into each handle.
         // Busy containers are swept every period (a process started by `exec` is throttled
         // from the next period on); idle ones, which are not frozen, less often. What an idle
         // one uses is charged to its debt (sampled every period, or every IDLE_SAMPLE_EVERY
@@ -759,21 +819,33 @@ impl Controller {
             if woken && !known.contains(id) {
                 continue;
             }
-            if h.own_child && (sweep_all || !idle.contains(id.as_str())) {
+            if h.own_child && (sweep_all || !h.idle) {
                 sweep(&h.cgroup, &h.throttled);
             }
         }
-        // Idle containers every IDLE_SAMPLE_EVERY periods, where a sample reads each one.
+        // Idle containers every IDLE_SAMPLE_EVERY periods, where a sample reads each one;
+        // each sample covers the periods since the last one (charged that many times).
         let spread = self.source.per_container();
         let now = self.clock.now();
+        for h in self.handles.values_mut() {
+            h.sampled_now = !spread || (n + h.phase).is_multiple_of(IDLE_SAMPLE_EVERY) || !h.idle;
+            if !h.sampled_now {
+                continue;
+            }
+            h.covers = 1.0;
+            if let Some(at) = h.sampled_at {
+                let k = (now.saturating_duration_since(at).as_secs_f64() / period.as_secs_f64())
+                    .round();
+                if k >= 2.0 {
+                    h.covers = k.min(IDLE_SAMPLE_EVERY as f64);
+                }
+            }
+            h.sampled_at = Some(now);
+        }
         let tracked: Vec<Tracked<'_>> = self
             .handles
             .iter()
-            .filter(|(id, h)| {
-                !spread
-                    || (n + h.phase).is_multiple_of(IDLE_SAMPLE_EVERY)
-                    || !idle.contains(id.as_str())
-            })
+            .filter(|(_, h)| h.sampled_now)
             .map(|(id, h)| Tracked {
                 id,
                 gpus: &h.gpus,
@@ -787,27 +859,8 @@ impl Controller {
             sampling.elapsed().as_nanos().min(u64::MAX as u128) as u64,
             Ordering::Relaxed,
         );
-        // How many periods each sample covers, where more than one.
-        let mut periods: HashMap<String, f64> = HashMap::new();
-        for t in &tracked {
-            if let Some(h) = self.handles.get(t.id)
-                && let Some(at) = h.sampled_at
-            {
-                let k = (now.saturating_duration_since(at).as_secs_f64() / period.as_secs_f64())
-                    .round();
-                if k >= 2.0 {
-                    periods.insert(t.id.to_string(), k.min(IDLE_SAMPLE_EVERY as f64));
-                }
-            }
-        }
-        let sampled: Vec<String> = tracked.iter().map(|t| t.id.to_string()).collect();
         drop(tracked);
-        for id in sampled {
-            if let Some(h) = self.handles.get_mut(&id) {
-                h.sampled_at = Some(now);
-            }
-        }
-        {
+        if !sample.share.is_empty() {
             let mut stats = self.stats.containers.lock().expect("stats lock");
             for (id, share) in &sample.share {
                 if let Some(s) = stats.get_mut(id) {
@@ -816,77 +869,84 @@ impl Controller {
             }
         }
         self.enforce_memory(&sample);
-        // Each GPU's loop gets what its members used of that GPU.
+        // Each GPU's loop gets what its members used of that GPU, and for how many periods.
         let by_gpu = !sample.gpu_share.is_empty();
-        let plan_gpus: Vec<u32> = self.loops.keys().copied().collect();
-        let plans: Vec<Plan> = self
-            .loops
-            .iter_mut()
-            .map(|(gpu, lp)| {
-                let measured: HashMap<String, f64> = lp
-                    .members()
-                    .filter_map(|(id, _)| {
-                        by_gpu
-                            .then(|| sample.gpu_share.get(&(id.to_string(), *gpu)))
-                            .flatten()
-                            .or_else(|| sample.share.get(id))
-                            .map(|s| (id.to_string(), *s))
-                    })
-                    .collect();
-                lp.step_weighted(&measured, &periods)
-            })
-            .collect();
+        let handles = &self.handles;
+        for (gpu, lp) in self.loops.iter_mut() {
+            lp.step_by(|id| {
+                let share = if by_gpu {
+                    sample
+                        .gpu_share
+                        .get(&(id.to_string(), *gpu))
+                        .or_else(|| sample.share.get(id))
+                } else {
+                    sample.share.get(id)
+                };
+                share.map(|&s| (s, handles.get(id).map_or(1.0, |h| h.covers)))
+            });
+        }
+        let mut boundaries = std::mem::take(&mut self.boundaries);
+        boundaries.clear();
+        self.copy_schedules(&mut boundaries);
         *self.stats.loop_seconds.lock().expect("stats lock") =
             self.clock.now().duration_since(start).as_secs_f64();
 
-        let mut boundaries: Vec<f64> = plans.iter().flat_map(Plan::boundaries).collect();
         boundaries.sort_by(f64::total_cmp);
         boundaries.dedup_by(|a, b| (*a - *b).abs() < 1e-6);
-        // Each container with the plans of the GPUs it holds.
-        let members: Vec<(String, Vec<usize>)> = self
-            .handles
-            .iter()
-            .map(|(id, h)| {
-                let of: Vec<usize> = h
-                    .gpus
-                    .iter()
-                    .filter_map(|g| plan_gpus.binary_search(g).ok())
-                    .collect();
-                (id.clone(), of)
-            })
-            .collect();
-        for t in boundaries {
-            let at = start + period.mul_f64(t);
-            if let Some(wait) = at.checked_duration_since(self.clock.now())
-                && self.clock.sleep_or_wake(wait, &self.link.wake)
-            {
-                return true;
-            }
-            if stop.load(Ordering::Relaxed) {
-                return false;
-            }
-            let now = self.clock.now();
-            // Thaw first, then freeze, so a hand-over between two containers never leaves
-            // the GPU idle longer than needed.
-            let mut freeze = vec![];
-            for (id, of) in &members {
-                // Thawed only while every GPU it holds lets it run.
-                let runs = of.iter().all(|&i| plans[i].runs_at(id, t + 1e-9));
-                if runs {
-                    self.set_frozen(id, false, now);
-                } else {
-                    freeze.push(id);
-                }
-            }
-            for id in freeze {
-                self.set_frozen(id, true, now);
-            }
+        let woke = self.carry_out(start, period, stop, &boundaries);
+        self.boundaries = boundaries;
+        if let Some(woke) = woke {
+            return woke;
         }
         let end = start + period;
         if let Some(wait) = end.checked_duration_since(self.clock.now()) {
             return self.clock.sleep_or_wake(wait, &self.link.wake);
         }
         false
+    }
+
+    /// Thaws and freezes the containers at each window boundary of the period (fractions of
+    /// it, sorted). Returns early where a container is starting (`Some(true)`) or the
+    /// controller stops (`Some(false)`).
+    fn carry_out(
+        &mut self,
+        start: Instant,
+        period: Duration,
+        stop: &AtomicBool,
+        boundaries: &[f64],
+    ) -> Option<bool> {
+        for &t in boundaries {
+            let at = start + period.mul_f64(t);
+            if let Some(wait) = at.checked_duration_since(self.clock.now())
+                && self.clock.sleep_or_wake(wait, &self.link.wake)
+            {
+                return Some(true);
+            }
+            if stop.load(Ordering::Relaxed) {
+                return Some(false);
+            }
+            let now = self.clock.now();
+            // Thaw first, then freeze, so a hand-over between two containers never leaves
+            // the GPU idle longer than needed.
+            let (link, stats) = (&*self.link, &*self.stats);
+            let at = t + 1e-9;
+            for (id, h) in self.handles.iter_mut() {
+                // Thawed only while every GPU it holds lets it run.
+                h.runs = h
+                    .windows
+                    .iter()
+                    .all(|ws| ws.iter().any(|w| w.start <= at && at < w.end));
+                if h.runs {
+                    set_frozen(h, id, false, now, link, stats);
+                }
+            }
+            for (id, h) in self.handles.iter_mut() {
+                if !h.runs {
+                    set_frozen(h, id, true, now, link, stats);
+                }
+            }
+        }
+        None
     }
 
     /// Runs until `stop` is set; thaws everything on the way out, including on panic.

@@ -155,13 +155,16 @@ impl SampleSource for SimSource {
     fn sample(&mut self, tracked: &[Tracked<'_>]) -> Sample {
         let now = Instant::now();
         let mut out = Sample::default();
-        // Containers not sampled this round keep their baseline; forget long-gone ones.
-        self.last
-            .retain(|_, (_, at)| now.duration_since(*at) < std::time::Duration::from_secs(30));
-        let last = &self.last;
-        self.usage.retain(|id, _| last.contains_key(id));
         let declarations = self.samples.is_multiple_of(DECLARATION_EVERY);
         self.samples += 1;
+        if declarations {
+            // Containers not sampled this round keep their baseline; forget long-gone ones
+            // (not sampled for 30 s) and close their files, every few samples.
+            self.last
+                .retain(|_, (_, at)| now.duration_since(*at) < std::time::Duration::from_secs(30));
+            let last = &self.last;
+            self.usage.retain(|id, _| last.contains_key(id));
+        }
         for t in tracked {
             let Some(cpu) = self.cpu_usage(t) else {
                 continue;

@@ -171,7 +171,16 @@ struct MemberState {
     /// (`runc init` before `runc start`). Its window comes first in the period, so the start
     /// is not held up by a freeze.
     fresh: bool,
+    /// Its windows in the last plan (a container just taken on: the whole period, as it ran
+    /// before it was taken on).
+    windows: Vec<Window>,
 }
+
+/// The whole period: the windows of a container no plan has held back yet.
+const WHOLE: Window = Window {
+    start: 0.0,
+    end: 1.0,
+};
 
 /// Consecutive low samples before a container counts as idle: one window cut short by
 /// timing jitter must not release a busy container.
@@ -181,8 +190,8 @@ const IDLE_AFTER: u32 = 3;
 #[derive(Debug, Clone)]
 pub struct GpuLoop {
     params: Params,
+    /// Each member's state, with its windows in the last plan.
     members: BTreeMap<String, MemberState>,
-    last: Plan,
     /// Whether the last plan held capped containers to their quotas (always in `hard`; in
     /// `burst` only while the active quotas fill the GPU).
     last_correcting: bool,
@@ -195,7 +204,6 @@ impl GpuLoop {
         GpuLoop {
             params,
             members: BTreeMap::new(),
-            last: Plan::default(),
             last_correcting: params.policy == ComputePolicy::Hard,
             last_claimed: 0.0,
         }
@@ -208,17 +216,16 @@ impl GpuLoop {
         for m in members {
             let quota = m.quota.map(|q| q.clamp(0.0, 1.0));
             let st = match self.members.remove(&m.id) {
-                Some(mut st) if st.quota == quota => {
-                    st.quota = quota;
-                    st
-                }
-                _ => MemberState {
+                Some(st) if st.quota == quota => st,
+                // A new quota starts afresh, from the windows it had.
+                old => MemberState {
                     quota,
                     run: quota.unwrap_or(0.0),
                     debt: 0.0,
                     active: true,
                     low_samples: 0,
                     fresh: true,
+                    windows: old.map_or_else(|| vec![WHOLE], |st| st.windows),
                 },
             };
             next.insert(m.id.clone(), st);
@@ -255,6 +262,37 @@ impl GpuLoop {
         measured: &HashMap<String, f64>,
         periods: &HashMap<String, f64>,
     ) -> Plan {
+        self.step_by(|id| {
+            measured
+                .get(id)
+                .map(|&s| (s, periods.get(id).copied().unwrap_or(1.0)))
+        });
+        self.plan()
+    }
+
+    /// The plan of the last step: every member's windows (before its first step, a member
+    /// runs the whole period).
+    pub fn plan(&self) -> Plan {
+        Plan {
+            windows: self
+                .schedule()
+                .map(|(id, _, ws)| (id.to_string(), ws.to_vec()))
+                .collect(),
+        }
+    }
+
+    /// The last plan without copying it: each member, in id order, with whether it counts as
+    /// idle and its windows.
+    pub fn schedule(&self) -> impl Iterator<Item = (&str, bool, &[Window])> {
+        self.members
+            .iter()
+            .map(|(id, st)| (id.as_str(), !st.active, st.windows.as_slice()))
+    }
+
+    /// [`GpuLoop::step_weighted`] without maps or copies, as the controller steps every GPU
+    /// every period: `measure(id)` is container `id`'s share and how many periods it covers
+    /// (`None`: not sampled, state kept). The new plan is read with [`GpuLoop::schedule`].
+    pub fn step_by(&mut self, mut measure: impl FnMut(&str) -> Option<(f64, f64)>) {
         let p = self.params;
         // In `burst`, a share above quota is legitimate while the active containers' quotas
         // leave time unclaimed, so windows are corrected only when the quotas fill the GPU;
@@ -270,14 +308,14 @@ impl GpuLoop {
         let gain = p.gain.clamp(1e-3, 1.0);
         let max_credit = p.max_boost.max(0.0) / gain;
         for (id, st) in self.members.iter_mut() {
-            let Some(&s) = measured.get(id) else { continue };
+            let Some((s, w)) = measure(id) else { continue };
             st.fresh = false;
             let s = if s.is_finite() {
                 s.clamp(0.0, 1.0)
             } else {
                 0.0
             };
-            let allowed = self.last.run_fraction(id);
+            let allowed: f64 = st.windows.iter().map(|w| w.end - w.start).sum();
             // Idle relative to what it may use (a 5 % container is busy at 4 %) and to what
             // it was allowed: a container with no window uses nothing and proves nothing.
             if allowed > 1e-9 {
@@ -295,7 +333,7 @@ impl GpuLoop {
             let Some(q) = st.quota else { continue };
             // Time used under a plan that held quotas is charged against the quota; time
             // used under a `burst` plan with unclaimed capacity was the container's to take.
-            let w = periods.get(id).copied().unwrap_or(1.0).max(1.0);
+            let w = if w.is_finite() { w.max(1.0) } else { 1.0 };
             st.debt = if self.last_correcting {
                 (st.debt + w * (s - q)).clamp(-max_credit, p.max_debt.max(0.0))
             } else {
@@ -313,81 +351,65 @@ impl GpuLoop {
         }
         self.last_correcting = correct;
         self.last_claimed = claimed;
-        self.last = self.plan();
-        self.last.clone()
+        self.replan();
     }
 
-    fn plan(&self) -> Plan {
+    /// Lays out every member's windows for the next period, in place (the controller steps
+    /// every GPU every period; nothing is allocated once the windows exist).
+    fn replan(&mut self) {
         let p = self.params;
-        // Fresh containers first, then by id.
-        let mut exclusive: Vec<(&String, f64, bool)> = self
-            .members
-            .iter()
-            .filter_map(|(id, st)| {
-                st.quota?;
-                let run = if st.fresh {
-                    st.run.max(p.fresh_window)
-                } else {
-                    st.run
-                };
-                st.active.then_some((id, run.max(0.0), st.fresh))
-            })
-            .collect();
-        exclusive.sort_by_key(|(_, _, fresh)| !fresh);
-        let total: f64 = exclusive.iter().map(|(_, r, _)| r).sum();
+        // Fresh containers first, then by id: the exclusive windows are laid out from 0.
+        let run_of = |st: &MemberState| -> Option<f64> {
+            st.quota?;
+            let run = if st.fresh {
+                st.run.max(p.fresh_window)
+            } else {
+                st.run
+            };
+            st.active.then_some(run.max(0.0))
+        };
+        let total: f64 = self.members.values().filter_map(run_of).sum();
         let scale = if total > 1.0 { 1.0 / total } else { 1.0 };
-        let mut plan = Plan::default();
         let mut t = 0.0;
-        for (id, r, _) in &exclusive {
-            let len = r * scale;
-            if len > 0.0 {
-                plan.windows.insert(
-                    (*id).clone(),
-                    vec![Window {
+        for st in self.members.values_mut() {
+            st.windows.clear();
+        }
+        for fresh in [true, false] {
+            for st in self.members.values_mut().filter(|st| st.fresh == fresh) {
+                let Some(r) = run_of(st) else { continue };
+                let len = r * scale;
+                if len > 0.0 {
+                    st.windows.push(Window {
                         start: t,
                         end: (t + len).min(1.0),
-                    }],
-                );
-            } else {
-                plan.windows.insert((*id).clone(), vec![]);
+                    });
+                }
+                t += len;
             }
-            t += len;
         }
         let leftover = Window {
             start: t.min(1.0),
             end: 1.0,
         };
         let has_leftover = leftover.end - leftover.start > 1e-9;
-        for (id, st) in &self.members {
+        for st in self.members.values_mut() {
             if !st.active {
                 // Idle containers are left alone: nothing to hold back, and no freezer
                 // writes spent on them. If one wakes up it runs unthrottled for at most a
                 // period (a sampling interval) before it gets its window, and what it took
                 // is charged to its debt and paid back.
-                plan.windows.insert(
-                    id.clone(),
-                    vec![Window {
-                        start: 0.0,
-                        end: 1.0,
-                    }],
-                );
+                st.windows.push(WHOLE);
                 continue;
             }
             let shares_leftover = st.quota.is_none() || p.policy == ComputePolicy::Burst;
-            if !shares_leftover {
-                plan.windows.entry(id.clone()).or_default();
-                continue;
-            }
-            let ws = plan.windows.entry(id.clone()).or_default();
-            if has_leftover {
+            if shares_leftover && has_leftover {
                 // Merge with an adjacent exclusive window.
-                match ws.last_mut() {
+                match st.windows.last_mut() {
                     Some(w) if (w.end - leftover.start).abs() < 1e-9 => w.end = 1.0,
-                    _ => ws.push(leftover),
+                    _ => st.windows.push(leftover),
                 }
             }
         }
-        plan
     }
 }
 
@@ -778,6 +800,14 @@ mod tests {
             &[("a".to_string(), 2.0)].into(),
         );
         assert_eq!(e, o);
+        // The same through the map-free entry point the controller uses.
+        let mut by = GpuLoop::new(Params::default());
+        by.set_members(&members(&[("a", Some(0.1))]));
+        by.step_by(|_| None);
+        by.step_by(|id| (id == "a").then_some((1.0, 2.0)));
+        assert_eq!(by.plan(), e);
+        let (id, idle, ws) = by.schedule().next().unwrap();
+        assert_eq!((id, idle, ws), ("a", false, &[][..]));
         assert!(e.windows["a"].is_empty(), "paying back: {e:?}");
     }
 }
