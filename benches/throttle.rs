@@ -51,7 +51,10 @@
 //!    quota; each quota's run is compared with the mean of the R0 just before and just after
 //!    it, so slow drift of the host cancels (the `reference` row: all R0 windows against the
 //!    mean R0 — the noise floor). For each q: one busy container with quota q (policy hard)
-//!    for 3 s + W s; achieved = 100·R/R0 in each 1 s window of the last W s.
+//!    for 3 s + W s; achieved = 100·R/R0 in each 1 s window of the last W s. Beside it, the
+//!    same by CPU time (100 · its cgroup's `cpuacct.usage` per wall second: what the
+//!    controller measures and holds, which no drift of the host's speed moves): median and
+//!    settle in the row's note, `cpu_time_median` and `cpu_time_settle_s` in the JSON.
 //! 2. `contention`: 30/70, 10/20/30/40, 50 + uncapped, all busy on one GPU from the same
 //!    instant, 3 s + W s; each container's share of the combined rate in each 1 s window.
 //! 3. `burst`: policy burst, a (30 %) alone for 10 s (achieved over the last 7 s), then b
@@ -668,6 +671,8 @@ struct AloneRun {
     name: String,
     q: u32,
     series: Series,
+    /// Its cgroup's CPU time, ns: 100 · d(ns)/d(wall ns) is its share of the sim GPU's core.
+    cpu: Series,
     end: f64,
     /// CPU other processes used during the run, in cores.
     foreign: f64,
@@ -683,7 +688,22 @@ impl AloneRun {
         let mut row = Row::new("alone", &self.name, Some(self.q), w);
         row.settle = settle(0.0, self.end, self.q as f64, 2.0, &pct);
         row.settle3 = settle(0.0, self.end, self.q as f64, 3.0, &pct);
-        row.note = format!("foreign CPU {:.1} %", 100.0 * self.foreign);
+        // The same by CPU time, which no drift of the host's speed moves: what the controller
+        // controls, apart from how much work a CPU second does.
+        let cpu_pct = |a: f64, b: f64| 100.0 * self.cpu.rate(a, b) / 1e9;
+        let mut cpu_w: Vec<f64> = windows(SETTLE_ALLOWANCE, self.end)
+            .into_iter()
+            .map(|(a, b)| cpu_pct(a, b))
+            .collect();
+        cpu_w.sort_by(f64::total_cmp);
+        row.cpu_median = Some(percentile(&cpu_w, 50.0));
+        row.cpu_settle = settle(0.0, self.end, self.q as f64, 2.0, &cpu_pct);
+        row.note = format!(
+            "foreign CPU {:.1} %; by CPU time: median {:.2}, settle ±2 {}",
+            100.0 * self.foreign,
+            percentile(&cpu_w, 50.0),
+            fmt_settle(row.cpu_settle)
+        );
         row
     }
 }
@@ -977,13 +997,33 @@ impl Bench {
         std::thread::sleep(Duration::from_millis(300));
         let t0 = self.bring_up(&registry, &ctl, &mut [&mut c], &[Some(q)]);
         let end = SETTLE_ALLOWANCE + window;
-        let series = record(&[c.counter()], t0, end).remove(0);
+        // Beside the work done, the CPU time its cgroup used: what the controller itself
+        // measures and holds to the quota (the sim source reads the same file).
+        let usage = File::open(hier("cpuacct").join(&c.rel).join("cpuacct.usage"))
+            .expect("open the container's cpuacct.usage");
+        let cpu_ns = move || -> u64 {
+            use std::os::unix::fs::FileExt;
+            let mut buf = [0u8; 64];
+            let n = usage.read_at(&mut buf, 0).unwrap_or(0);
+            std::str::from_utf8(&buf[..n])
+                .ok()
+                .and_then(|s| s.trim().parse().ok())
+                .unwrap_or(0)
+        };
+        let counter = c.counter();
+        let reads: Vec<Box<dyn Fn() -> u64 + '_>> =
+            vec![Box::new(move || counter.read()), Box::new(cpu_ns)];
+        let mut recorded = record_reads(&reads, t0, end);
+        drop(reads);
+        let cpu = recorded.pop().expect("cpu series");
+        let series = recorded.pop().expect("work series");
         drop(ctl);
         dump(name, &[&series]);
         AloneRun {
             name: name.to_string(),
             q,
             series,
+            cpu,
             end,
             foreign: 0.0,
         }
@@ -1160,13 +1200,22 @@ fn dump(name: &str, series: &[&Series]) {
 
 /// Samples the counters every 50 ms from `t0` until `until` seconds after it.
 fn record(counters: &[&Counter], t0: Instant, until: f64) -> Vec<Series> {
-    let mut out: Vec<Series> = counters.iter().map(|_| Series(vec![])).collect();
+    let reads: Vec<Box<dyn Fn() -> u64 + '_>> = counters
+        .iter()
+        .map(|c| Box::new(move || c.read()) as Box<dyn Fn() -> u64>)
+        .collect();
+    record_reads(&reads, t0, until)
+}
+
+/// [`record`] of any monotonic counters (iterations, or CPU time in ns).
+fn record_reads(reads: &[Box<dyn Fn() -> u64 + '_>], t0: Instant, until: f64) -> Vec<Series> {
+    let mut out: Vec<Series> = reads.iter().map(|_| Series(vec![])).collect();
     let mut next = t0;
     loop {
         let now = Instant::now();
         let t = now.duration_since(t0).as_secs_f64();
-        for (s, c) in out.iter_mut().zip(counters) {
-            s.0.push((t, c.read()));
+        for (s, read) in out.iter_mut().zip(reads) {
+            s.0.push((t, read()));
         }
         if t >= until {
             return out;
@@ -1297,6 +1346,9 @@ struct Row {
     windows: Vec<f64>,
     settle: Option<f64>,
     settle3: Option<f64>,
+    /// `alone`: the median and settle time by CPU time instead of work done.
+    cpu_median: Option<f64>,
+    cpu_settle: Option<f64>,
     note: String,
 }
 
@@ -1309,6 +1361,8 @@ impl Row {
             windows,
             settle: None,
             settle3: None,
+            cpu_median: None,
+            cpu_settle: None,
             note: String::new(),
         }
     }
@@ -1428,6 +1482,10 @@ struct CaseResult<'a> {
     achieved_p5: Option<f64>,
     achieved_p95: Option<f64>,
     settle_s: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cpu_time_median: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cpu_time_settle_s: Option<f64>,
 }
 
 struct CpuByContainers<'a>(&'a [Overhead]);
@@ -1451,6 +1509,8 @@ fn to_json(rows: &[Row], overhead: &[Overhead]) -> String {
                 achieved_p5: num(p5),
                 achieved_p95: num(p95),
                 settle_s: r.settle.and_then(num),
+                cpu_time_median: r.cpu_median.and_then(num),
+                cpu_time_settle_s: r.cpu_settle.and_then(num),
             }
         })
         .collect();
