@@ -262,11 +262,6 @@ fn sweep(parent: &ContainerCgroup, child: &ContainerCgroup) {
     }
 }
 
-const WHOLE: Window = Window {
-    start: 0.0,
-    end: 1.0,
-};
-
 /// Freezes or thaws one tracked container (a no-op when it already is so; never freezes one
 /// that is released or not in the guardian list), and counts it in the stats.
 fn set_frozen(
@@ -327,14 +322,12 @@ struct Handle {
     /// period until a plan holds it back), copied from the loops once a period so that the
     /// window boundaries look nothing up.
     windows: Vec<Vec<Window>>,
-    /// Per-period scratch, kept here so a period allocates nothing per container: idle on
-    /// every GPU it holds (as of the last plan); sampled this period; how many periods that
-    /// sample covers; thawed at the current window boundary.
+    /// Idle on every GPU it holds (as of the last plan), and on how many it is, while the
+    /// plans are copied in.
     idle: bool,
     idle_on: usize,
-    sampled_now: bool,
+    /// How many periods its last sample covers (charged that many times).
     covers: f64,
-    runs: bool,
 }
 
 impl Handle {
@@ -346,7 +339,7 @@ impl Handle {
         gpus: Vec<u32>,
     ) -> Handle {
         Handle {
-            windows: vec![vec![WHOLE]; gpus.len()],
+            windows: vec![vec![Window::WHOLE]; gpus.len()],
             own_child: throttled != cgroup,
             cgroup,
             throttled,
@@ -359,10 +352,15 @@ impl Handle {
             recorded: false,
             idle: false,
             idle_on: 0,
-            sampled_now: false,
             covers: 1.0,
-            runs: true,
         }
+    }
+
+    /// Thawed at fraction `t` of the period: only while every GPU it holds lets it run.
+    fn runs_at(&self, t: f64) -> bool {
+        self.windows
+            .iter()
+            .all(|ws| ws.iter().any(|w| w.contains(t)))
     }
 }
 
@@ -672,11 +670,7 @@ impl Controller {
         }
         for (gpu, lp) in &self.loops {
             for (id, idle, ws) in lp.schedule() {
-                boundaries.extend(
-                    ws.iter()
-                        .flat_map(|w| [w.start, w.end])
-                        .filter(|t| *t < 1.0),
-                );
+                boundaries.extend(ws.iter().flat_map(Window::edges));
                 let Some(h) = self.handles.get_mut(id) else {
                     continue;
                 };
@@ -827,9 +821,10 @@ impl Controller {
         // each sample covers the periods since the last one (charged that many times).
         let spread = self.source.per_container();
         let now = self.clock.now();
+        let sampled_now =
+            |h: &Handle| !spread || (n + h.phase).is_multiple_of(IDLE_SAMPLE_EVERY) || !h.idle;
         for h in self.handles.values_mut() {
-            h.sampled_now = !spread || (n + h.phase).is_multiple_of(IDLE_SAMPLE_EVERY) || !h.idle;
-            if !h.sampled_now {
+            if !sampled_now(h) {
                 continue;
             }
             h.covers = 1.0;
@@ -845,7 +840,7 @@ impl Controller {
         let tracked: Vec<Tracked<'_>> = self
             .handles
             .iter()
-            .filter(|(_, h)| h.sampled_now)
+            .filter(|(_, h)| sampled_now(h))
             .map(|(id, h)| Tracked {
                 id,
                 gpus: &h.gpus,
@@ -931,17 +926,12 @@ impl Controller {
             let (link, stats) = (&*self.link, &*self.stats);
             let at = t + 1e-9;
             for (id, h) in self.handles.iter_mut() {
-                // Thawed only while every GPU it holds lets it run.
-                h.runs = h
-                    .windows
-                    .iter()
-                    .all(|ws| ws.iter().any(|w| w.start <= at && at < w.end));
-                if h.runs {
+                if h.runs_at(at) {
                     set_frozen(h, id, false, now, link, stats);
                 }
             }
             for (id, h) in self.handles.iter_mut() {
-                if !h.runs {
+                if !h.runs_at(at) {
                     set_frozen(h, id, true, now, link, stats);
                 }
             }

@@ -118,6 +118,31 @@ pub struct Window {
     pub end: f64,
 }
 
+impl Window {
+    /// The whole period: the window of a container no plan has held back yet, or of one
+    /// left alone.
+    pub const WHOLE: Window = Window {
+        start: 0.0,
+        end: 1.0,
+    };
+
+    /// Whether fraction `t` of the period falls in it.
+    pub fn contains(&self, t: f64) -> bool {
+        self.start <= t && t < self.end
+    }
+
+    /// Its length, as a fraction of the period.
+    pub fn len(&self) -> f64 {
+        self.end - self.start
+    }
+
+    /// Its start and end where they fall in [0, 1): the instants it changes a container's
+    /// state within the period.
+    pub fn edges(&self) -> impl Iterator<Item = f64> {
+        [self.start, self.end].into_iter().filter(|t| *t < 1.0)
+    }
+}
+
 /// When each container may run during the next period.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct Plan {
@@ -129,7 +154,7 @@ impl Plan {
     pub fn runs_at(&self, id: &str, t: f64) -> bool {
         match self.windows.get(id) {
             None => true,
-            Some(ws) => ws.iter().any(|w| w.start <= t && t < w.end),
+            Some(ws) => ws.iter().any(|w| w.contains(t)),
         }
     }
 
@@ -137,7 +162,7 @@ impl Plan {
     pub fn run_fraction(&self, id: &str) -> f64 {
         self.windows
             .get(id)
-            .map_or(1.0, |ws| ws.iter().map(|w| w.end - w.start).sum())
+            .map_or(1.0, |ws| ws.iter().map(Window::len).sum())
     }
 
     /// All window boundaries in [0, 1), sorted and deduplicated: the instants at which some
@@ -147,8 +172,7 @@ impl Plan {
             .windows
             .values()
             .flatten()
-            .flat_map(|w| [w.start, w.end])
-            .filter(|t| *t < 1.0)
+            .flat_map(Window::edges)
             .collect();
         b.push(0.0);
         b.sort_by(f64::total_cmp);
@@ -175,12 +199,6 @@ struct MemberState {
     /// before it was taken on).
     windows: Vec<Window>,
 }
-
-/// The whole period: the windows of a container no plan has held back yet.
-const WHOLE: Window = Window {
-    start: 0.0,
-    end: 1.0,
-};
 
 /// Consecutive low samples before a container counts as idle: one window cut short by
 /// timing jitter must not release a busy container.
@@ -225,7 +243,7 @@ impl GpuLoop {
                     active: true,
                     low_samples: 0,
                     fresh: true,
-                    windows: old.map_or_else(|| vec![WHOLE], |st| st.windows),
+                    windows: old.map_or_else(|| vec![Window::WHOLE], |st| st.windows),
                 },
             };
             next.insert(m.id.clone(), st);
@@ -315,7 +333,7 @@ impl GpuLoop {
             } else {
                 0.0
             };
-            let allowed: f64 = st.windows.iter().map(|w| w.end - w.start).sum();
+            let allowed: f64 = st.windows.iter().map(Window::len).sum();
             // Idle relative to what it may use (a 5 % container is busy at 4 %) and to what
             // it was allowed: a container with no window uses nothing and proves nothing.
             if allowed > 1e-9 {
@@ -398,7 +416,7 @@ impl GpuLoop {
                 // writes spent on them. If one wakes up it runs unthrottled for at most a
                 // period (a sampling interval) before it gets its window, and what it took
                 // is charged to its debt and paid back.
-                st.windows.push(WHOLE);
+                st.windows.push(Window::WHOLE);
                 continue;
             }
             let shares_leftover = st.quota.is_none() || p.policy == ComputePolicy::Burst;
