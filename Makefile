@@ -173,7 +173,9 @@ bench-throttle:
 # Packing quality (PACKING.md): every policy over the openb traces, 10 seeds; prints the tables,
 # writes target/bench/pack/<trace>.json and target/bench/pack/pack.png. Then gpushare and fgd
 # over every trace's stress variants (`simulate --variant`), seeds 42–46 and 100–104, into
-# target/bench/pack-variants{,-100}/.
+# target/bench/pack-variants{,-100}/; then the same over 20 seeds (42–61) compared seed by seed
+# (bench/pack_paired.py: mean paired difference and its 95 % interval per cell) into
+# target/bench/pack-variants-20/ and target/bench/pack-paired.json.
 OPENB ?= $(firstword $(wildcard ../shared/traces/openb /work/shared/traces/openb))
 PACK_TRACES := default gpushare40 gpushare60 gpushare80 gpushare100
 PACK_VARIANT_TRACES := default gpushare20 gpushare40 gpushare60 gpushare80 gpushare100
@@ -190,6 +192,11 @@ bench-pack: build
 			--policy gpushare,fgd --seeds 5 --seed-base $$base \
 			--out target/bench/pack-variants$$( [ $$base = 42 ] || echo -$$base ) || exit 1; \
 	done
+	$(BIN) simulate --nodes $(OPENB)/openb_node_list_gpu_node.csv \
+		--pods $(subst $(eval) ,$(comma),$(foreach t,$(PACK_VARIANT_TRACES),$(OPENB)/openb_pod_list_$(t).csv)) \
+		$(foreach v,$(PACK_VARIANTS),--variant $(v)) \
+		--policy gpushare,fgd --seeds 20 --seed-base 42 --out target/bench/pack-variants-20
+	python3 bench/pack_paired.py --json target/bench/pack-paired.json target/bench/pack-variants-20
 
 # The extender end to end at cluster scale (bench/cluster.sh): etcd, kube-apiserver and
 # kube-scheduler with `gpushare scheduler` as its extender, the openb cluster's 1,213 GPU nodes

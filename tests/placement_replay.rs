@@ -99,6 +99,35 @@ fn replay_metrics_are_sane_and_fragmentation_aware_policies_win() {
     let json = report.json();
     assert_eq!(json["trace"], "synthetic");
     assert!(json["results"][0]["unallocated_pct"]["100"]["median"].is_number());
+    // Each seed's value, in ascending seed order, for comparisons seed by seed; their median
+    // is the median reported.
+    for r in &report.results {
+        assert_eq!(r.seeds, vec![42, 43, 44], "{}", r.policy);
+        let mine = report.json()["results"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|x| x["policy"] == r.policy.as_str())
+            .cloned()
+            .unwrap();
+        assert_eq!(mine["seeds"], serde_json::json!([42, 43, 44]));
+        let v: Vec<f64> = mine["unallocated_pct"]["100"]["per_seed"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_f64().unwrap())
+            .collect();
+        assert_eq!(v.len(), 3, "{}: {mine}", r.policy);
+        let one = replay(&t, &r.policy, 43, 130).unwrap();
+        assert!(
+            (v[1] - one.unallocated_at(100).unwrap()).abs() < 0.006,
+            "{}: {v:?}",
+            r.policy
+        );
+        let mut sorted = v.clone();
+        sorted.sort_by(f64::total_cmp);
+        assert!((sorted[1] - r.unallocated[2].unwrap().median).abs() < 0.006);
+    }
     assert!(json["results"][0]["decision_us"]["p99"].is_number());
     assert!(report.table().contains("gpushare"));
     assert!(unknown_policy_is_refused(&t));

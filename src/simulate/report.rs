@@ -60,6 +60,10 @@ pub struct PolicyResult {
     pub policy: String,
     /// Per entry of [`LOADS`].
     pub unallocated: Vec<Option<Stat>>,
+    /// The seeds, ascending, and per entry of [`LOADS`] each seed's unallocated % (`None`:
+    /// that run never reached the load), for comparisons seed by seed (`bench/pack_paired.py`).
+    pub seeds: Vec<u64>,
+    pub per_seed: Vec<Vec<Option<f64>>>,
     /// Per arrived load 0..=max (percent): unallocated % over seeds.
     pub curve: Vec<(usize, Stat)>,
     pub decision_p50_us: f64,
@@ -84,9 +88,16 @@ impl PolicyResult {
             .flat_map(|r| r.decision_ns.iter().copied())
             .collect();
         ns.sort_unstable();
+        let mut by_seed: Vec<&Run> = runs.iter().collect();
+        by_seed.sort_by_key(|r| r.seed);
         PolicyResult {
             policy: policy.to_string(),
             unallocated: LOADS.iter().map(|&l| Stat::of(&at(l))).collect(),
+            seeds: by_seed.iter().map(|r| r.seed).collect(),
+            per_seed: LOADS
+                .iter()
+                .map(|&l| by_seed.iter().map(|r| r.unallocated_at(l)).collect())
+                .collect(),
             curve: (0..max_load)
                 .filter_map(|l| Stat::of(&at(l)).map(|s| (l, s)))
                 .collect(),
@@ -100,13 +111,16 @@ impl PolicyResult {
 
     pub fn json(&self) -> Value {
         let mut un = serde_json::Map::new();
-        for (l, s) in LOADS.iter().zip(&self.unallocated) {
+        for ((l, s), v) in LOADS.iter().zip(&self.unallocated).zip(&self.per_seed) {
             if let Some(s) = s {
-                un.insert(l.to_string(), s.json());
+                let mut o = s.json();
+                o["per_seed"] = json!(v.iter().map(|x| x.map(round2)).collect::<Vec<_>>());
+                un.insert(l.to_string(), o);
             }
         }
         json!({
             "policy": self.policy,
+            "seeds": self.seeds,
             "unallocated_pct": un,
             "decision_us": {
                 "p50": round2(self.decision_p50_us),
