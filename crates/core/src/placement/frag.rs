@@ -281,6 +281,11 @@ impl FragModel {
         self.current[id] = f;
     }
 
+    /// Total probability of the shapes that can never use node `id`'s GPUs.
+    pub fn never(&self, id: usize) -> f64 {
+        self.kind(id).never
+    }
+
     /// Node `id`'s current value.
     pub fn current(&self, id: usize) -> Frag {
         self.current[id]
