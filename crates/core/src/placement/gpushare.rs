@@ -161,6 +161,7 @@ pub fn rarity(nodes: &[NodeState], workload: &Workload) -> Vec<f64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::placement::fgd::Fgd;
     use crate::placement::model::{NodeSpec, ScheduleMode};
     use crate::placement::workload::Shape;
 
@@ -269,7 +270,7 @@ mod tests {
         let req = one_gpu_request("free");
         // FGD: the T4 node's free GPUs are fragment for the G2 shapes (6 %), so taking one
         // lowers ΔF by 60 against 20 on a G2 node: the unconstrained pod goes to the T4 pool.
-        let mut fgd = super::super::fgd::Fgd::new(w.clone());
+        let mut fgd = Fgd::new(w.clone());
         fgd.init(&nodes);
         let [g2, t4] = scores(&fgd, &nodes, &req, [0, 4]);
         assert!(t4 > g2, "fgd: G2 {g2} vs T4 {t4}");
