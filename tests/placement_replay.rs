@@ -5,7 +5,9 @@
 use std::path::PathBuf;
 
 use gpushare::simulate::trace::{TRACE_GPU_MEMORY_MIB, TracePod};
-use gpushare::simulate::{Trace, TraceReport, load_trace, replay, run_trace};
+use gpushare::simulate::{
+    Trace, TraceReport, Variant, load_trace, replay, replay_with_state, run_trace, run_variant,
+};
 use gpushare_core::placement::{GpuDemand, NodeSpec, ScheduleMode};
 
 /// 24 nodes of three kinds and an openb-like pod mix (whole GPUs, shares, CPU-only).
@@ -131,6 +133,69 @@ fn replay_metrics_are_sane_and_fragmentation_aware_policies_win() {
     assert!(json["results"][0]["decision_us"]["p99"].is_number());
     assert!(report.table().contains("gpushare"));
     assert!(unknown_policy_is_refused(&t));
+}
+
+#[test]
+fn node_states_at_a_load_show_where_the_unallocated_capacity_sits() {
+    let t = synthetic();
+    let run = replay_with_state(&t, "gpushare", 42, 130, Some(100)).unwrap();
+    let csv = run.state.clone().expect("state asked for");
+    let mut lines = csv.lines();
+    assert_eq!(
+        lines.next(),
+        Some(
+            "node,gpus,model,cpu_milli,cpu_free_milli,memory_mib,memory_free_mib,pods,gpu_free_milli"
+        )
+    );
+    let rows: Vec<Vec<&str>> = lines.map(|l| l.split(',').collect()).collect();
+    assert_eq!(rows.len(), t.nodes.len());
+    let mut free = 0u64;
+    for (row, spec) in rows.iter().zip(&t.nodes) {
+        assert_eq!(row.len(), 9, "{row:?}");
+        assert_eq!(row[0], spec.name);
+        assert_eq!(row[1].parse::<usize>().unwrap(), spec.gpus.len());
+        let cpu_free: u64 = row[4].parse().unwrap();
+        assert!(cpu_free <= spec.cpu_milli, "{row:?}");
+        let per_gpu: Vec<u64> = row[8].split(';').map(|x| x.parse().unwrap()).collect();
+        assert_eq!(per_gpu.len(), spec.gpus.len(), "{row:?}");
+        assert!(per_gpu.iter().all(|&f| f <= 1000), "{row:?}");
+        free += per_gpu.iter().sum::<u64>();
+    }
+    // The free capacity is what the replay left unallocated once the pods arriving within
+    // 100 % were tried: allocation only grows (pods never leave), so it lies between the
+    // unallocated % of the last load bin below 100 % and of the first above.
+    let pct = free as f64 / t.capacity as f64 * 100.0;
+    let below = (0..=99).rev().find_map(|l| run.unallocated_at(l)).unwrap();
+    let above = (101..=130).find_map(|l| run.unallocated_at(l)).unwrap();
+    assert!(pct > 0.0, "pods failed, so capacity is left");
+    assert!(
+        above - 1e-9 <= pct && pct <= below + 1e-9,
+        "{above} <= {pct} <= {below}"
+    );
+    // The same states through the report, per policy and seed; none unless asked.
+    let policies = vec!["fgd".to_string(), "gpushare".to_string()];
+    let none = Variant::default();
+    let report = run_variant(&t, &none, 0.95, &policies, &[42, 43], 130, 2, Some(100)).unwrap();
+    let mut got: Vec<(String, u64)> = report
+        .states
+        .iter()
+        .map(|(p, s, _)| (p.clone(), *s))
+        .collect();
+    got.sort();
+    assert_eq!(
+        got,
+        [("fgd", 42), ("fgd", 43), ("gpushare", 42), ("gpushare", 43)]
+            .map(|(p, s)| (p.to_string(), s))
+    );
+    let mine = report
+        .states
+        .iter()
+        .find(|(p, s, _)| p == "gpushare" && *s == 42)
+        .unwrap();
+    assert_eq!(mine.2, csv, "the report keeps the replay's states");
+    let plain = run_variant(&t, &none, 0.95, &policies, &[42], 130, 1, None).unwrap();
+    assert!(plain.states.is_empty());
+    assert!(replay(&t, "fgd", 42, 130).unwrap().state.is_none());
 }
 
 /// `policy`'s median unallocated % at 100 % arrived load.

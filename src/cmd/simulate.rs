@@ -64,6 +64,13 @@ pub struct SimulateArgs {
     /// `--variant model:0.3 --variant model:0.3,multigpu:0.3,cpuheavy:0.3`.
     #[arg(long = "variant", value_name = "SPEC", value_parser = parse_variant)]
     pub variants: Vec<Variant>,
+    /// Also write each replay's node states once every pod arriving within this % of
+    /// capacity has been tried, to `<out>/<trace>.<policy>.<seed>.state.csv` (columns: node,
+    /// gpus, model, cpu_milli, cpu_free_milli, memory_mib, memory_free_mib, pods,
+    /// gpu_free_milli — each GPU's free per-mille, `;`-separated): where the unallocated
+    /// capacity sits.
+    #[arg(long, value_name = "LOAD")]
+    pub state_at: Option<u32>,
     /// Replays run in parallel (decision times are cleanest with 1).
     #[arg(long, default_value_t = 1)]
     pub jobs: usize,
@@ -77,6 +84,13 @@ pub fn run(args: &SimulateArgs) -> anyhow::Result<()> {
         "--max-load {} is not in [1, 1000]",
         args.max_load
     );
+    if let Some(at) = args.state_at {
+        anyhow::ensure!(
+            (1..=args.max_load).contains(&at),
+            "--state-at {at} is not in [1, --max-load {}]",
+            args.max_load
+        );
+    }
     let seeds: Vec<u64> = (0..args.seeds).map(|i| args.seed_base + i).collect();
     std::fs::create_dir_all(&args.out)
         .with_context(|| format!("cannot create {}", args.out.display()))?;
@@ -98,6 +112,7 @@ pub fn run(args: &SimulateArgs) -> anyhow::Result<()> {
                 &seeds,
                 args.max_load,
                 args.jobs,
+                args.state_at,
             )?;
             emit(args, report, &mut written, &mut reports)?;
         }
@@ -128,6 +143,11 @@ fn emit(
     let doc = report.json();
     // Variant names carry ':' and ','; file names get '=' and '_' instead.
     let stem = report.trace.replace(':', "=").replace(',', "_");
+    for (policy, seed, csv) in &report.states {
+        let file = args.out.join(format!("{stem}.{policy}.{seed}.state.csv"));
+        std::fs::write(&file, csv).with_context(|| format!("cannot write {}", file.display()))?;
+        written.push(file.display().to_string());
+    }
     let file = args.out.join(format!("{stem}.json"));
     std::fs::write(&file, serde_json::to_string_pretty(&doc)? + "\n")
         .with_context(|| format!("cannot write {}", file.display()))?;

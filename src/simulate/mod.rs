@@ -17,7 +17,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use gpushare_core::placement::{POLICIES, UnknownPolicy};
-pub use replay::{Run, Trace, replay};
+pub use replay::{Run, Trace, replay, replay_with_state, state_csv};
 pub use report::{PolicyResult, TraceReport};
 pub use trace::TraceError;
 pub use variant::{Variant, VariantError};
@@ -31,11 +31,13 @@ pub fn run_trace(
     jobs: usize,
 ) -> Result<TraceReport, UnknownPolicy> {
     let per_seed: Vec<&Trace> = seeds.iter().map(|_| trace).collect();
-    run_seeds(trace, &per_seed, policies, seeds, max_load, jobs)
+    run_seeds(trace, &per_seed, policies, seeds, max_load, jobs, None)
 }
 
 /// Runs every (policy, seed) of `variant` of `trace` (each seed replays its own variant,
-/// [`Variant::apply`]), `jobs` at a time; `coverage` as in [`load_trace`].
+/// [`Variant::apply`]), `jobs` at a time; `coverage` as in [`load_trace`]. With `state_at`,
+/// the report also keeps each replay's node states at that load ([`TraceReport::states`]).
+#[allow(clippy::too_many_arguments)]
 pub fn run_variant(
     trace: &Trace,
     variant: &Variant,
@@ -44,16 +46,20 @@ pub fn run_variant(
     seeds: &[u64],
     max_load: u32,
     jobs: usize,
+    state_at: Option<u32>,
 ) -> Result<TraceReport, UnknownPolicy> {
     if variant.is_none() {
-        return run_trace(trace, policies, seeds, max_load, jobs);
+        let per_seed: Vec<&Trace> = seeds.iter().map(|_| trace).collect();
+        return run_seeds(trace, &per_seed, policies, seeds, max_load, jobs, state_at);
     }
     let varied: Vec<Trace> = seeds
         .iter()
         .map(|&s| variant.apply(trace, s, coverage))
         .collect();
     let per_seed: Vec<&Trace> = varied.iter().collect();
-    let mut report = run_seeds(&varied[0], &per_seed, policies, seeds, max_load, jobs)?;
+    let mut report = run_seeds(
+        &varied[0], &per_seed, policies, seeds, max_load, jobs, state_at,
+    )?;
     report.shapes = varied
         .iter()
         .map(|t| t.workload.shapes.len())
@@ -70,6 +76,7 @@ fn run_seeds(
     seeds: &[u64],
     max_load: u32,
     jobs: usize,
+    state_at: Option<u32>,
 ) -> Result<TraceReport, UnknownPolicy> {
     for p in policies {
         if !POLICIES.contains(&p.as_str()) {
@@ -88,7 +95,8 @@ fn run_seeds(
                 loop {
                     let i = next.fetch_add(1, Ordering::Relaxed);
                     let Some(&(p, s)) = work.get(i) else { break };
-                    match replay(per_seed[s], &policies[p], seeds[s], max_load) {
+                    match replay_with_state(per_seed[s], &policies[p], seeds[s], max_load, state_at)
+                    {
                         Ok(run) => done.lock().expect("results lock")[i] = Some(run),
                         Err(e) => *error.lock().expect("error lock") = Some(e),
                     }
@@ -99,11 +107,15 @@ fn run_seeds(
     if let Some(e) = error.into_inner().expect("error lock") {
         return Err(e);
     }
-    let runs: Vec<Run> = done
+    let mut runs: Vec<Run> = done
         .into_inner()
         .expect("results lock")
         .into_iter()
         .flatten()
+        .collect();
+    let states = runs
+        .iter_mut()
+        .filter_map(|r| Some((r.policy.clone(), r.seed, r.state.take()?)))
         .collect();
     let results = policies
         .iter()
@@ -112,7 +124,9 @@ fn run_seeds(
             PolicyResult::from_runs(p, &mine)
         })
         .collect();
-    Ok(TraceReport::new(trace, seeds.to_vec(), results))
+    let mut report = TraceReport::new(trace, seeds.to_vec(), results);
+    report.states = states;
+    Ok(report)
 }
 
 /// Loads one trace.

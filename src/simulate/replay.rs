@@ -8,7 +8,9 @@ use std::time::Instant;
 
 use super::rng::Rng;
 use super::trace::TracePod;
-use gpushare_core::placement::{Engine, NodeSpec, Request, UnknownPolicy, Workload, by_name};
+use gpushare_core::placement::{
+    Engine, NodeSpec, NodeState, Request, UnknownPolicy, Workload, by_name,
+};
 
 /// A trace ready to replay.
 #[derive(Debug, Clone)]
@@ -89,6 +91,8 @@ pub struct Run {
     pub decision_ns: Vec<u64>,
     pub attempts: usize,
     pub failed: usize,
+    /// The node states at the load asked of [`replay_with_state`] ([`state_csv`]).
+    pub state: Option<String>,
 }
 
 impl Run {
@@ -109,6 +113,18 @@ pub fn replay(
     seed: u64,
     max_load_pct: u32,
 ) -> Result<Run, UnknownPolicy> {
+    replay_with_state(trace, policy, seed, max_load_pct, None)
+}
+
+/// [`replay`], also keeping the node states ([`state_csv`]) once every pod that arrives
+/// within `state_at` % of capacity has been tried (at the end if the replay stops below it).
+pub fn replay_with_state(
+    trace: &Trace,
+    policy: &str,
+    seed: u64,
+    max_load_pct: u32,
+    state_at: Option<u32>,
+) -> Result<Run, UnknownPolicy> {
     let mut engine = Engine::new(trace.nodes.clone(), by_name(policy, &trace.workload)?);
     engine.set_tie_order(trace.tie_order(seed));
     let seq = trace.arrivals(seed, max_load_pct);
@@ -116,12 +132,20 @@ pub fn replay(
     let mut sums = vec![(0.0f64, 0u32); max_load_pct as usize + 2];
     let mut decision_ns = Vec::with_capacity(seq.len());
     let (mut arrived, mut allocated, mut failed) = (0u64, 0u64, 0usize);
+    let state_limit = state_at.map(|l| trace.capacity as u128 * l as u128);
+    let mut state = None;
     for &i in &seq {
         let req = &trace.requests[i];
+        let d = trace.pods[i].gpu_demand();
+        if let Some(limit) = state_limit
+            && state.is_none()
+            && (arrived + d) as u128 * 100 > limit
+        {
+            state = Some(state_csv(engine.nodes()));
+        }
         let t = Instant::now();
         let ok = engine.place(req).is_ok();
         decision_ns.push(t.elapsed().as_nanos() as u64);
-        let d = trace.pods[i].gpu_demand();
         arrived += d;
         if ok {
             allocated += d;
@@ -142,5 +166,36 @@ pub fn replay(
         decision_ns,
         attempts: seq.len(),
         failed,
+        state: state_at.map(|_| state.unwrap_or_else(|| state_csv(engine.nodes()))),
     })
+}
+
+/// One line per node: `node,gpus,model,cpu_milli,cpu_free_milli,memory_mib,memory_free_mib,
+/// pods,gpu_free_milli`, the last the free per-mille of each GPU joined by `;` (what a pod
+/// could still take: memory and compute, whichever is scarcer on a core+memory node).
+pub fn state_csv(nodes: &[NodeState]) -> String {
+    let mut out = String::from(
+        "node,gpus,model,cpu_milli,cpu_free_milli,memory_mib,memory_free_mib,pods,gpu_free_milli\n",
+    );
+    for n in nodes {
+        let mode = n.mode();
+        let free: Vec<String> = n
+            .gpus
+            .iter()
+            .map(|g| g.free_milli(mode).to_string())
+            .collect();
+        out += &format!(
+            "{},{},{},{},{},{},{},{},{}\n",
+            n.spec.name,
+            n.gpus.len(),
+            n.spec.model(),
+            n.spec.cpu_milli,
+            n.cpu_free,
+            n.spec.memory_mib,
+            n.memory_free,
+            n.pods,
+            free.join(";")
+        );
+    }
+    out
 }

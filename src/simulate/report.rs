@@ -172,6 +172,9 @@ pub struct TraceReport {
     pub shapes: usize,
     pub seeds: Vec<u64>,
     pub results: Vec<PolicyResult>,
+    /// (policy, seed, [`super::state_csv`]) of each replay, when asked for
+    /// ([`super::run_variant`]'s `state_at`).
+    pub states: Vec<(String, u64, String)>,
 }
 
 impl TraceReport {
@@ -184,6 +187,7 @@ impl TraceReport {
             shapes: trace.workload.shapes.len(),
             seeds,
             results,
+            states: Vec::new(),
         }
     }
 
