@@ -87,6 +87,12 @@ pub async fn watch_nodes(client: kube::Client, ext: Arc<Extender>) {
         .default_backoff()
         .boxed();
     while let Some(ev) = stream.next().await {
+        if matches!(
+            ev,
+            Ok(Event::InitApply(_) | Event::Apply(_) | Event::Delete(_))
+        ) {
+            ext.metrics.node_events.fetch_add(1, Ordering::Relaxed);
+        }
         match ev {
             Ok(Event::Init) => seen.clear(),
             Ok(Event::InitApply(n)) => {
@@ -126,14 +132,28 @@ pub async fn watch_nodes(client: kube::Client, ext: Arc<Extender>) {
     }
 }
 
+/// The pods whose resources count: bound and not terminated. A pending pod reaches the
+/// extender in the filter request itself, and a reservation nobody binds expires
+/// ([`super::cache::Cluster::expire_assumed`]); a pod leaving the selection (terminated, or
+/// deleted) comes as a deletion. Selecting on the API server leaves out every pending pod's
+/// events (half of a pod's events when each pod is created, then bound), which the server
+/// would otherwise encode and this process decode.
+pub const POD_WATCH_FIELDS: &str = "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed";
+
 /// Keeps the cache's pod allocations current; never returns.
 pub async fn watch_pods(client: kube::Client, ext: Arc<Extender>) {
     let api = Api::<Pod>::all(client);
     let mut seen: HashSet<String> = HashSet::new();
-    let mut stream = watcher::watcher(api, watcher::Config::default())
+    let mut stream = watcher::watcher(api, watcher::Config::default().fields(POD_WATCH_FIELDS))
         .default_backoff()
         .boxed();
     while let Some(ev) = stream.next().await {
+        if matches!(
+            ev,
+            Ok(Event::InitApply(_) | Event::Apply(_) | Event::Delete(_))
+        ) {
+            ext.metrics.pod_events.fetch_add(1, Ordering::Relaxed);
+        }
         let c = || ext.cluster.lock().unwrap_or_else(|e| e.into_inner());
         match ev {
             Ok(Event::Init) => seen.clear(),

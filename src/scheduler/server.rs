@@ -267,6 +267,9 @@ pub struct Metrics {
     /// Binds that read their pod from the API server (not among the pods filter saw).
     pub bind_pod_reads: AtomicU64,
     pub watch_restarts: AtomicU64,
+    /// Objects the node and pod watches delivered (listed, changed or deleted).
+    pub node_events: AtomicU64,
+    pub pod_events: AtomicU64,
     /// Nodes ruled out by `filter`, by reason ([`FILTER_REASONS`], same order).
     pub filter_rejections: [AtomicU64; FILTER_REASONS.len()],
 }
@@ -684,7 +687,18 @@ impl Extender {
             .untyped("gpushare_extender_assumed_expired_total")
             .sample(&[], m.assumed_expired.load(Ordering::Relaxed))
             .untyped("gpushare_extender_bind_pod_reads_total")
-            .sample(&[], m.bind_pod_reads.load(Ordering::Relaxed));
+            .sample(&[], m.bind_pod_reads.load(Ordering::Relaxed))
+            .untyped("gpushare_extender_watch_restarts_total")
+            .sample(&[], m.watch_restarts.load(Ordering::Relaxed));
+        out.family("gpushare_extender_watch_objects_total", Kind::Counter)
+            .sample(
+                &[("resource", "nodes")],
+                m.node_events.load(Ordering::Relaxed),
+            )
+            .sample(
+                &[("resource", "pods")],
+                m.pod_events.load(Ordering::Relaxed),
+            );
         out.family("gpushare_extender_filter_rejections_total", Kind::Counter);
         for (reason, n) in FILTER_REASONS.iter().zip(&m.filter_rejections) {
             out.sample(&[("reason", reason)], n.load(Ordering::Relaxed));
@@ -1278,6 +1292,9 @@ mod tests {
         ext.metrics.binds_failed.fetch_add(2, Ordering::Relaxed);
         ext.metrics.assumed_expired.fetch_add(1, Ordering::Relaxed);
         ext.metrics.filter_rejections[8].fetch_add(3, Ordering::Relaxed);
+        ext.metrics.watch_restarts.fetch_add(4, Ordering::Relaxed);
+        ext.metrics.node_events.fetch_add(6, Ordering::Relaxed);
+        ext.metrics.pod_events.fetch_add(7, Ordering::Relaxed);
         ext.synced_nodes.store(true, Ordering::Release);
         assert_eq!(
             ext.metrics_text(),

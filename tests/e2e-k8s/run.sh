@@ -381,6 +381,19 @@ e2e_check "inspect shows the pod holding the larger share (10240 MiB, 20 %), not
     test "$staged_held" = "10240 MiB, 20 %"
 e2e_check "… and lists the init container's share as init" \
     jq -e '[.nodes[].gpus[].shares[] | select(.pod == "staged" and .container == "prep")] | length == 1 and .[0].role == "init"' <<<"$inspect_json"
+# A pod that ends frees its share in the extender's books: its pod watch selects only bound,
+# unfinished pods, so the API server reports the pod leaving the selection as a deletion.
+pod_yaml ends 1 10 'sleep 4' | kc apply -f - >/dev/null
+ext_share_count() { # POD: how many of the extender's allocations are the pod's (fails if it cannot tell)
+    local a
+    a=$(ext_curl allocations) && jq -e --arg p "default/$1" '[.allocations[] | select(.pod == $p)] | length' <<<"$a"
+}
+ext_holds() { [[ $(ext_share_count "$1") == 1 ]]; }
+ext_released() { [[ $(ext_share_count "$1") == 0 ]]; }
+succeeded() { [[ $(kc get pod "$1" -o jsonpath='{.status.phase}') == Succeeded ]]; }
+e2e_check "a pod that runs 4 s is bound and held by the extender" k8s_wait_for 60 "ends held" ext_holds ends
+e2e_check "… it ends (Succeeded)" k8s_wait_for 60 "ends succeeded" succeeded ends
+e2e_check "… and the extender lets go of its share within 10 s" k8s_wait_for 10 "ends released" ext_released ends
 # Restarted, the extender rebuilds the same books from the annotation and the pod's spec.
 usage_before=$(ext_curl allocations | jq -c .usage) || true
 kill -9 "$EXT_PID"
