@@ -50,7 +50,10 @@
 # BENCH_PROFILE=SECONDS ((a): kube-scheduler's CPU profile over the first SECONDS of each run
 # into BENCH_OUT/a-{plain,share-alone,extender}-scheduler.pprof and the API server's into
 # a-*-apiserver.pprof, kube-scheduler's metrics after the run into a-*-scheduler-metrics.txt;
-# `go tool pprof -top` reads the profiles).
+# `go tool pprof -top` reads the profiles), BENCH_AB_BIN=PATH ((a): then the GPU-share pods
+# through kube-scheduler + extender again, BENCH_AB_ROUNDS (2) rounds alternating the extender
+# binary GPUSHARE_BIN ("test") with PATH ("ab"), ABBA; each run's pods/s, CPU seconds per
+# component and pod-watch objects in BENCH_OUT/ab.json, with their means per binary).
 # Ports (loopback): BENCH_ETCD_PORT 24790 (+10), BENCH_API_PORT 17443, BENCH_SCHEDULER_PORT
 # 21259, BENCH_EXT_PORT 40999, BENCH_KWOK_PORT 21247 — apart from tests/e2e-k8s's, so both
 # can run on one machine.
@@ -74,6 +77,8 @@ BENCH_TRACE_ALL=${BENCH_TRACE_ALL:-1}
 BENCH_FILTER_BEST=${BENCH_FILTER_BEST:-1}
 BENCH_PROFILE=${BENCH_PROFILE:-}
 BENCH_TRACE_SCORE_PCT=${BENCH_TRACE_SCORE_PCT:-100}
+BENCH_AB_BIN=${BENCH_AB_BIN:-}
+BENCH_AB_ROUNDS=${BENCH_AB_ROUNDS:-2}
 GPUSHARE_BIN=${GPUSHARE_BIN:-$E2E_REPO/target/release/gpushare}
 TRACE_DIR=${BENCH_TRACE_DIR:-$E2E_REPO/../shared/traces/openb}
 EXT_PORT=${BENCH_EXT_PORT:-19499}
@@ -231,9 +236,9 @@ start_scheduler() { # EXTENDER TRACE
         _k8s_https_ok "https://127.0.0.1:$K8S_SCHEDULER_PORT/healthz"
 }
 
-start_extender() {
+start_extender() { # [BINARY] (default: the copy of GPUSHARE_BIN)
     _k8s_stop extender 20
-    _k8s_start extender "$K8S_ROOT/gpushare" scheduler \
+    _k8s_start extender "${1:-$K8S_ROOT/gpushare}" scheduler \
         --listen "127.0.0.1:$EXT_PORT" --insecure-http \
         --kubeconfig "$K8S_ROOT/admin.kubeconfig" \
         --policy "$BENCH_POLICY" --memory-unit MiB --log-level warn \
@@ -470,6 +475,42 @@ if [[ ,$BENCH_PARTS, == *,a,* ]]; then
     add a "$BENCH_OUT/a.json"
     log "(a) $(jq -c . "$BENCH_OUT/a.json")"
     delete_pods
+    if [[ -n $BENCH_AB_BIN ]]; then
+        # Two extender binaries on the same cluster and pods, alternating (ABBA: round 1 the
+        # binary under test first, round 2 the other first, …), kube-scheduler restarted for
+        # each run: what one change to the extender costs or saves, with the host's drift
+        # spread over both.
+        cp "$BENCH_AB_BIN" "$root/gpushare-ab"
+        ab_runs=()
+        for ((r = 1; r <= BENCH_AB_ROUNDS; r++)); do
+            order=(test ab)
+            ((r % 2)) || order=(ab test)
+            for which in "${order[@]}"; do
+                bin=$root/gpushare
+                [[ $which == test ]] || bin=$root/gpushare-ab
+                start_extender "$bin"
+                start_scheduler 1 0
+                out=$BENCH_OUT/ab-$r-$which.json
+                measure "(a/b) round $r, $which ($([[ $which == test ]] && echo "$GPUSHARE_BIN" || echo "$BENCH_AB_BIN"))" \
+                    "$root/pods-share.jsonl" "$out" --parallel "$BENCH_PARALLEL"
+                curl -fs "http://127.0.0.1:$EXT_PORT/metrics" >"$BENCH_OUT/ab-$r-$which-metrics.txt" || true
+                jq --arg w "$which" --argjson r "$r" \
+                    --argjson pe "$(sed -n 's/^gpushare_extender_watch_objects_total{resource="pods"} //p' \
+                        "$BENCH_OUT/ab-$r-$which-metrics.txt" | grep . || echo null)" \
+                    '{which: $w, round: $r, pods_per_s, cpu_s, pod_watch_objects: $pe}' "$out" >"$out.row"
+                ab_runs+=("$out.row")
+                delete_pods
+                _k8s_stop scheduler 20
+            done
+        done
+        jq -s '{runs: ., by_binary: (group_by(.which) | map({which: .[0].which, runs: length,
+                  pods_per_s: map(.pods_per_s), pods_per_s_mean: ((map(.pods_per_s) | add / length) * 10 | round / 10),
+                  cpu_s_mean: (map(.cpu_s) as $cs | ($cs[0] | keys) as $k | reduce $k[] as $c ({};
+                      .[$c] = (($cs | map(.[$c] // 0) | add) / ($cs | length) * 100 | round / 100)))}))}' \
+            "${ab_runs[@]}" >"$BENCH_OUT/ab.json"
+        add ab "$BENCH_OUT/ab.json"
+        log "(a/b) $(jq -c '.by_binary' "$BENCH_OUT/ab.json")"
+    fi
     _k8s_stop scheduler 20
     _k8s_stop extender 20
 fi
