@@ -53,7 +53,9 @@
 # `go tool pprof -top` reads the profiles), BENCH_AB_BIN=PATH ((a): then the GPU-share pods
 # through kube-scheduler + extender again, BENCH_AB_ROUNDS (2) rounds alternating the extender
 # binary GPUSHARE_BIN ("test") with PATH ("ab"), ABBA; each run's pods/s, CPU seconds per
-# component and pod-watch objects in BENCH_OUT/ab.json, with their means per binary).
+# component and pod-watch objects in BENCH_OUT/ab.json, with their means per binary),
+# BENCH_PERF=1 ((a): `perf record` of the extender during its run into
+# BENCH_OUT/a-extender.perf.data; that run's pods/s then include perf's cost).
 # Ports (loopback): BENCH_ETCD_PORT 24790 (+10), BENCH_API_PORT 17443, BENCH_SCHEDULER_PORT
 # 21259, BENCH_EXT_PORT 40999, BENCH_KWOK_PORT 21247 — apart from tests/e2e-k8s's, so both
 # can run on one machine.
@@ -78,6 +80,7 @@ BENCH_FILTER_BEST=${BENCH_FILTER_BEST:-1}
 BENCH_PROFILE=${BENCH_PROFILE:-}
 BENCH_TRACE_SCORE_PCT=${BENCH_TRACE_SCORE_PCT:-100}
 BENCH_AB_BIN=${BENCH_AB_BIN:-}
+BENCH_PERF=${BENCH_PERF:-}
 BENCH_AB_ROUNDS=${BENCH_AB_ROUNDS:-2}
 GPUSHARE_BIN=${GPUSHARE_BIN:-$E2E_REPO/target/release/gpushare}
 TRACE_DIR=${BENCH_TRACE_DIR:-$E2E_REPO/../shared/traces/openb}
@@ -368,6 +371,25 @@ scheduler_metrics() {
         "https://127.0.0.1:$K8S_SCHEDULER_PORT/metrics" || true
 }
 
+# perf_extender NAME: with BENCH_PERF=1, `perf record` (sampling at 499 Hz, DWARF call graphs) of
+# the extender until perf_extender_stop, into BENCH_OUT/NAME.perf.data (`perf report -i …`).
+# perf costs CPU beside the run: the run's pods/s are not comparable with the others'.
+PERF_PID=
+perf_extender() {
+    [[ -n $BENCH_PERF ]] || return 0
+    command -v perf >/dev/null || die "BENCH_PERF=1: perf not found"
+    perf record -q -F 499 --call-graph dwarf,8192 -o "$BENCH_OUT/$1.perf.data" \
+        -p "$(_k8s_pid extender)" >/dev/null 2>&1 &
+    PERF_PID=$!
+    sleep 1
+}
+perf_extender_stop() {
+    [[ -n $PERF_PID ]] || return 0
+    kill -INT "$PERF_PID" 2>/dev/null || true
+    wait "$PERF_PID" 2>/dev/null || true
+    PERF_PID=
+}
+
 # measure NAME PODS-FILE OUT-JSON [run options...]: the run, with the load average and the
 # CPU seconds each component used during it.
 measure() {
@@ -457,8 +479,10 @@ if [[ ,$BENCH_PARTS, == *,a,* ]]; then
     start_extender
     start_scheduler 1 0
     profile_scheduler a-extender-scheduler
+    perf_extender a-extender
     measure "(a) $BENCH_PODS GPU-share pods, kube-scheduler + extender" \
         "$root/pods-share.jsonl" "$BENCH_OUT/a-extender.json" --parallel "$BENCH_PARALLEL"
+    perf_extender_stop
     scheduler_metrics a-extender-scheduler
     curl -fs "http://127.0.0.1:$EXT_PORT/metrics" >"$BENCH_OUT/a-extender-metrics.txt" || true
     k8s_kubectl get nodes -l type=kwok --chunk-size=0 -o json >"$root/nodes.json"
