@@ -502,6 +502,7 @@ sandboxes_ok() {
     ((bad == 0))
 }
 e2e_require "storm: $STORM pod sandboxes ready" sandboxes_ok
+echo "FIGURES storm: $(sandboxes_ok | head -1) (25 at a time; crictl's deadline 120 s each)"
 now_ms
 s0=$NOW_MS
 pids=()
