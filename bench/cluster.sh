@@ -44,7 +44,9 @@
 # ranks best; 1, the default; 0: every fitting node, kube-scheduler scores them),
 # BENCH_TRACE_SCORE_PCT ((b): kube-scheduler's percentageOfNodesToScore, 100 (default): every
 # feasible node reaches the extender; `default`: unset, kube-scheduler's adaptive share,
-# about 40 % of 1,213 nodes, stops its search there),
+# about 40 % of 1,213 nodes, stops its search there), BENCH_A_SCORE_PCT / BENCH_A_BASE_SCORE_PCT
+# ((a): percentageOfNodesToScore for the runs with / without the extender; unset (default):
+# the adaptive share; kube-scheduler never stops before 100 feasible nodes),
 # GPUSHARE_BIN (target/release/gpushare; copied to ROOT first), BENCH_OUT
 # (target/bench/cluster), BENCH_KEEP_LOGS=1 (copy the components' logs to BENCH_OUT/logs),
 # BENCH_PROFILE=SECONDS ((a): kube-scheduler's CPU profile over the first SECONDS of each run
@@ -79,6 +81,8 @@ BENCH_TRACE_ALL=${BENCH_TRACE_ALL:-1}
 BENCH_FILTER_BEST=${BENCH_FILTER_BEST:-1}
 BENCH_PROFILE=${BENCH_PROFILE:-}
 BENCH_TRACE_SCORE_PCT=${BENCH_TRACE_SCORE_PCT:-100}
+BENCH_A_SCORE_PCT=${BENCH_A_SCORE_PCT:-}
+BENCH_A_BASE_SCORE_PCT=${BENCH_A_BASE_SCORE_PCT:-}
 BENCH_AB_BIN=${BENCH_AB_BIN:-}
 BENCH_PERF=${BENCH_PERF:-}
 BENCH_AB_ROUNDS=${BENCH_AB_ROUNDS:-2}
@@ -167,6 +171,13 @@ clientConnection:
 leaderElection:
   leaderElect: false
 EOF
+    if ! ((trace)); then
+        # (a): kube-scheduler's adaptive node search unless BENCH_A_SCORE_PCT (the runs with
+        # the extender) or BENCH_A_BASE_SCORE_PCT (the runs without) sets it.
+        local pct=$BENCH_A_BASE_SCORE_PCT
+        ((ext)) && pct=$BENCH_A_SCORE_PCT
+        [[ -z $pct ]] || echo "percentageOfNodesToScore: $pct" >>"$f"
+    fi
     if ((trace)); then
         [[ $BENCH_TRACE_SCORE_PCT == default ]] ||
             echo "percentageOfNodesToScore: $BENCH_TRACE_SCORE_PCT" >>"$f"
@@ -411,7 +422,7 @@ command -v python3 >/dev/null || die "python3 not found"
 command -v jq >/dev/null || die "jq not found"
 [[ -x $GPUSHARE_BIN ]] || die "$GPUSHARE_BIN not found (make build, or set GPUSHARE_BIN)"
 [[ -r $TRACE_DIR/openb_node_list_gpu_node.csv ]] || die "no openb trace in $TRACE_DIR"
-export BENCH_TRACE_DIR=$TRACE_DIR
+export BENCH_TRACE_DIR=$TRACE_DIR BENCH_A_SCORE_PCT BENCH_A_BASE_SCORE_PCT
 
 k8s_build_peers kube-apiserver kube-scheduler kubectl || die "building Kubernetes failed"
 build_kwok
@@ -495,6 +506,7 @@ if [[ ,$BENCH_PARTS, == *,a,* ]]; then
           share_alone_pods_per_s: $s[0].pods_per_s,
           ratio_to_share_alone: (if $s[0].pods_per_s then (($e[0].pods_per_s / $s[0].pods_per_s) * 1000 | round) / 1000 else null end),
           goal: 0.9, bound: $e[0].bound, pods: $e[0].pods,
+          score_pct_extender: $ENV.BENCH_A_SCORE_PCT, score_pct_base: $ENV.BENCH_A_BASE_SCORE_PCT,
           overcommitted_gpus: $c[0].overcommitted_gpus}' >"$BENCH_OUT/a.json"
     add a "$BENCH_OUT/a.json"
     log "(a) $(jq -c . "$BENCH_OUT/a.json")"

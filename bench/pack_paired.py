@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Seed-by-seed comparison of two placement policies in `gpushare simulate --out` results.
 
-Usage: pack_paired.py [--policy gpushare] [--against fgd] [--json OUT] DIR [DIR...]
+Usage: pack_paired.py [--policy gpushare] [--against fgd] [--against-dir DIR2] [--json OUT] DIR [DIR...]
 
 Every `*.json` of each DIR is one trace (or trace+variant); its `unallocated_pct[LOAD].per_seed`
 holds each seed's unallocated GPU % (seeds in `seeds`). Both policies replay the same arrivals
@@ -11,6 +11,10 @@ the two medians over seeds (what the simulate table prints), the mean paired dif
 (seeds resampled 10,000 times, fixed seed: a rerun prints the same figures) and the number of
 seeds on which the policy is worse by ≥ 0.01 points. A difference of medians over a few seeds is
 mostly which seeds were drawn; the interval says whether a gap is the policy's.
+
+With --against-dir DIR2, the `against` policy's results come from the file of the same name in
+DIR2 (the same traces and seeds replayed another way, e.g. `gpushare simulate --search-nodes 100`
+in DIR against every node in DIR2: `--against gpushare --against-dir DIR2`).
 
 Prints the cells where the median is above, or the interval lies above 0, then a summary.
 Prints numbers only; gates nothing.
@@ -47,6 +51,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--policy", default="gpushare")
     ap.add_argument("--against", default="fgd")
+    ap.add_argument("--against-dir", help="read the against policy from the same file in this DIR")
     ap.add_argument("--json", help="write every cell's figures here")
     ap.add_argument("dirs", nargs="+")
     args = ap.parse_args()
@@ -59,12 +64,18 @@ def main():
         for path in files:
             doc = json.load(open(path, encoding="utf-8"))
             by = {r["policy"]: r for r in doc.get("results", [])}
-            if args.policy not in by or args.against not in by:
+            other = by
+            if args.against_dir:
+                twin = os.path.join(args.against_dir, os.path.basename(path))
+                if not os.path.exists(twin):
+                    continue
+                other = {r["policy"]: r for r in json.load(open(twin, encoding="utf-8")).get("results", [])}
+            if args.policy not in by or args.against not in other:
                 continue
-            if "seeds" not in by[args.policy]:
+            if "seeds" not in by[args.policy] or "seeds" not in other[args.against]:
                 sys.exit(f"pack_paired: {path} has no per-seed values (written by an older gpushare)")
             for load in LOADS:
-                a, b = per_seed(by[args.policy], load), per_seed(by[args.against], load)
+                a, b = per_seed(by[args.policy], load), per_seed(other[args.against], load)
                 seeds = sorted(set(a) & set(b))
                 if not seeds:
                     continue

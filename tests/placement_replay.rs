@@ -6,7 +6,8 @@ use std::path::PathBuf;
 
 use gpushare::simulate::trace::{TRACE_GPU_MEMORY_MIB, TracePod};
 use gpushare::simulate::{
-    Trace, TraceReport, Variant, load_trace, replay, replay_with_state, run_trace, run_variant,
+    ReplayOptions, Trace, TraceReport, Variant, load_trace, replay, replay_with, replay_with_state,
+    run_trace, run_variant,
 };
 use gpushare_core::placement::{GpuDemand, NodeSpec, ScheduleMode};
 
@@ -175,7 +176,11 @@ fn node_states_at_a_load_show_where_the_unallocated_capacity_sits() {
     // The same states through the report, per policy and seed; none unless asked.
     let policies = vec!["fgd".to_string(), "gpushare".to_string()];
     let none = Variant::default();
-    let report = run_variant(&t, &none, 0.95, &policies, &[42, 43], 130, 2, Some(100)).unwrap();
+    let at100 = ReplayOptions {
+        state_at: Some(100),
+        ..ReplayOptions::default()
+    };
+    let report = run_variant(&t, &none, 0.95, &policies, &[42, 43], 130, 2, &at100).unwrap();
     let mut got: Vec<(String, u64)> = report
         .states
         .iter()
@@ -193,7 +198,17 @@ fn node_states_at_a_load_show_where_the_unallocated_capacity_sits() {
         .find(|(p, s, _)| p == "gpushare" && *s == 42)
         .unwrap();
     assert_eq!(mine.2, csv, "the report keeps the replay's states");
-    let plain = run_variant(&t, &none, 0.95, &policies, &[42], 130, 1, None).unwrap();
+    let plain = run_variant(
+        &t,
+        &none,
+        0.95,
+        &policies,
+        &[42],
+        130,
+        1,
+        &ReplayOptions::default(),
+    )
+    .unwrap();
     assert!(plain.states.is_empty());
     assert!(replay(&t, "fgd", 42, 130).unwrap().state.is_none());
 }
@@ -300,4 +315,39 @@ fn published_medians_are_reproduced_on_default() {
     assert!((bestfit - 7.09).abs() <= 1.0, "bestfit {bestfit} vs 7.09");
     assert!((fgd - 4.77).abs() <= 1.0, "fgd {fgd} vs 4.77");
     assert!(ours <= 4.5 && ours < fgd, "gpushare {ours}, fgd {fgd}");
+}
+
+#[test]
+fn a_search_window_as_large_as_the_cluster_replays_as_every_node() {
+    let t = synthetic();
+    let window = |n: usize| ReplayOptions {
+        search_nodes: Some(n),
+        ..ReplayOptions::default()
+    };
+    for policy in ["gpushare", "fgd"] {
+        let all = replay(&t, policy, 42, 130).unwrap();
+        let full = replay_with(&t, policy, 42, 130, &window(t.nodes.len())).unwrap();
+        assert_eq!(full.allocated_pct, all.allocated_pct, "{policy}");
+        assert_eq!(full.failed, all.failed, "{policy}");
+        // Two nodes at a time: other choices, and never more allocated at the end than
+        // nodes can hold.
+        let two = replay_with(&t, policy, 42, 130, &window(2)).unwrap();
+        assert_eq!(two.attempts, all.attempts);
+        assert_ne!(two.allocated_pct, all.allocated_pct, "{policy}");
+        assert!(two.allocated_pct.iter().flatten().all(|&a| a <= 100.0));
+    }
+    let policies = vec!["gpushare".to_string()];
+    let report = run_variant(
+        &t,
+        &Variant::default(),
+        0.95,
+        &policies,
+        &[42],
+        130,
+        1,
+        &window(2),
+    )
+    .unwrap();
+    assert_eq!(report.json()["search_nodes"], 2);
+    assert!(run_trace(&t, &policies, &[42], 130, 1).unwrap().json()["search_nodes"].is_null());
 }

@@ -71,6 +71,13 @@ pub struct SimulateArgs {
     /// capacity sits.
     #[arg(long, value_name = "LOAD")]
     pub state_at: Option<u32>,
+    /// Decide as a kube-scheduler with an extender does: kube-scheduler stops its node search
+    /// at this many nodes that pass its own filter (the nodes' CPU, memory, GPU model and
+    /// total free GPU memory and compute; `percentageOfNodesToScore`, at least 100), each
+    /// search starting where the last stopped, and the policy chooses among those where the
+    /// pod fits. Unset: the policy chooses among every node.
+    #[arg(long, value_name = "N")]
+    pub search_nodes: Option<usize>,
     /// Replays run in parallel (decision times are cleanest with 1).
     #[arg(long, default_value_t = 1)]
     pub jobs: usize,
@@ -91,6 +98,14 @@ pub fn run(args: &SimulateArgs) -> anyhow::Result<()> {
             args.max_load
         );
     }
+    anyhow::ensure!(
+        args.search_nodes != Some(0),
+        "--search-nodes 0: kube-scheduler looks for at least one node"
+    );
+    let opts = simulate::ReplayOptions {
+        state_at: args.state_at,
+        search_nodes: args.search_nodes,
+    };
     let seeds: Vec<u64> = (0..args.seeds).map(|i| args.seed_base + i).collect();
     std::fs::create_dir_all(&args.out)
         .with_context(|| format!("cannot create {}", args.out.display()))?;
@@ -112,7 +127,7 @@ pub fn run(args: &SimulateArgs) -> anyhow::Result<()> {
                 &seeds,
                 args.max_load,
                 args.jobs,
-                args.state_at,
+                &opts,
             )?;
             emit(args, report, &mut written, &mut reports)?;
         }

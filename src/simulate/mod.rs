@@ -17,7 +17,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use gpushare_core::placement::{POLICIES, UnknownPolicy};
-pub use replay::{Run, Trace, replay, replay_with_state, state_csv};
+pub use replay::{ReplayOptions, Run, Trace, replay, replay_with, replay_with_state, state_csv};
 pub use report::{PolicyResult, TraceReport};
 pub use trace::TraceError;
 pub use variant::{Variant, VariantError};
@@ -31,12 +31,14 @@ pub fn run_trace(
     jobs: usize,
 ) -> Result<TraceReport, UnknownPolicy> {
     let per_seed: Vec<&Trace> = seeds.iter().map(|_| trace).collect();
-    run_seeds(trace, &per_seed, policies, seeds, max_load, jobs, None)
+    let opts = ReplayOptions::default();
+    run_seeds(trace, &per_seed, policies, seeds, max_load, jobs, &opts)
 }
 
 /// Runs every (policy, seed) of `variant` of `trace` (each seed replays its own variant,
-/// [`Variant::apply`]), `jobs` at a time; `coverage` as in [`load_trace`]. With `state_at`,
-/// the report also keeps each replay's node states at that load ([`TraceReport::states`]).
+/// [`Variant::apply`]), `jobs` at a time; `coverage` as in [`load_trace`]. With
+/// `opts.state_at`, the report also keeps each replay's node states at that load
+/// ([`TraceReport::states`]).
 #[allow(clippy::too_many_arguments)]
 pub fn run_variant(
     trace: &Trace,
@@ -46,20 +48,18 @@ pub fn run_variant(
     seeds: &[u64],
     max_load: u32,
     jobs: usize,
-    state_at: Option<u32>,
+    opts: &ReplayOptions,
 ) -> Result<TraceReport, UnknownPolicy> {
     if variant.is_none() {
         let per_seed: Vec<&Trace> = seeds.iter().map(|_| trace).collect();
-        return run_seeds(trace, &per_seed, policies, seeds, max_load, jobs, state_at);
+        return run_seeds(trace, &per_seed, policies, seeds, max_load, jobs, opts);
     }
     let varied: Vec<Trace> = seeds
         .iter()
         .map(|&s| variant.apply(trace, s, coverage))
         .collect();
     let per_seed: Vec<&Trace> = varied.iter().collect();
-    let mut report = run_seeds(
-        &varied[0], &per_seed, policies, seeds, max_load, jobs, state_at,
-    )?;
+    let mut report = run_seeds(&varied[0], &per_seed, policies, seeds, max_load, jobs, opts)?;
     report.shapes = varied
         .iter()
         .map(|t| t.workload.shapes.len())
@@ -76,7 +76,7 @@ fn run_seeds(
     seeds: &[u64],
     max_load: u32,
     jobs: usize,
-    state_at: Option<u32>,
+    opts: &ReplayOptions,
 ) -> Result<TraceReport, UnknownPolicy> {
     for p in policies {
         if !POLICIES.contains(&p.as_str()) {
@@ -95,8 +95,7 @@ fn run_seeds(
                 loop {
                     let i = next.fetch_add(1, Ordering::Relaxed);
                     let Some(&(p, s)) = work.get(i) else { break };
-                    match replay_with_state(per_seed[s], &policies[p], seeds[s], max_load, state_at)
-                    {
+                    match replay_with(per_seed[s], &policies[p], seeds[s], max_load, opts) {
                         Ok(run) => done.lock().expect("results lock")[i] = Some(run),
                         Err(e) => *error.lock().expect("error lock") = Some(e),
                     }
@@ -126,6 +125,7 @@ fn run_seeds(
         .collect();
     let mut report = TraceReport::new(trace, seeds.to_vec(), results);
     report.states = states;
+    report.search_nodes = opts.search_nodes;
     Ok(report)
 }
 

@@ -106,6 +106,18 @@ impl Run {
     }
 }
 
+/// How a replay runs beyond its trace, policy, seed and load.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ReplayOptions {
+    /// Keep the node states ([`state_csv`]) once every pod that arrives within this % of
+    /// capacity has been tried (at the end if the replay stops below it).
+    pub state_at: Option<u32>,
+    /// Decide as behind kube-scheduler's node search ([`Engine::decide_within`]): the best of
+    /// the first this many nodes that pass kube-scheduler's own filter, from where the last
+    /// search stopped. `None`: the best of every node.
+    pub search_nodes: Option<usize>,
+}
+
 /// Replays `trace` with `policy` for `seed`, up to `max_load_pct` % arrived load.
 pub fn replay(
     trace: &Trace,
@@ -113,7 +125,7 @@ pub fn replay(
     seed: u64,
     max_load_pct: u32,
 ) -> Result<Run, UnknownPolicy> {
-    replay_with_state(trace, policy, seed, max_load_pct, None)
+    replay_with(trace, policy, seed, max_load_pct, &ReplayOptions::default())
 }
 
 /// [`replay`], also keeping the node states ([`state_csv`]) once every pod that arrives
@@ -125,6 +137,23 @@ pub fn replay_with_state(
     max_load_pct: u32,
     state_at: Option<u32>,
 ) -> Result<Run, UnknownPolicy> {
+    let opts = ReplayOptions {
+        state_at,
+        ..ReplayOptions::default()
+    };
+    replay_with(trace, policy, seed, max_load_pct, &opts)
+}
+
+/// [`replay`] with `opts`.
+pub fn replay_with(
+    trace: &Trace,
+    policy: &str,
+    seed: u64,
+    max_load_pct: u32,
+    opts: &ReplayOptions,
+) -> Result<Run, UnknownPolicy> {
+    let state_at = opts.state_at;
+    let mut search_start = 0usize;
     let mut engine = Engine::new(trace.nodes.clone(), by_name(policy, &trace.workload)?);
     engine.set_tie_order(trace.tie_order(seed));
     let seq = trace.arrivals(seed, max_load_pct);
@@ -144,7 +173,16 @@ pub fn replay_with_state(
             state = Some(state_csv(engine.nodes()));
         }
         let t = Instant::now();
-        let ok = engine.place(req).is_ok();
+        let ok = match opts.search_nodes {
+            None => engine.place(req).is_ok(),
+            Some(window) => match engine.decide_within(req, window, &mut search_start) {
+                Ok(p) => {
+                    engine.commit(req, p);
+                    true
+                }
+                Err(_) => false,
+            },
+        };
         decision_ns.push(t.elapsed().as_nanos() as u64);
         arrived += d;
         if ok {

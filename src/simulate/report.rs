@@ -173,8 +173,10 @@ pub struct TraceReport {
     pub seeds: Vec<u64>,
     pub results: Vec<PolicyResult>,
     /// (policy, seed, [`super::state_csv`]) of each replay, when asked for
-    /// ([`super::run_variant`]'s `state_at`).
+    /// ([`super::run_variant`]'s `opts.state_at`).
     pub states: Vec<(String, u64, String)>,
+    /// The replays' `opts.search_nodes` (`None`: every node a candidate).
+    pub search_nodes: Option<usize>,
 }
 
 impl TraceReport {
@@ -188,6 +190,7 @@ impl TraceReport {
             seeds,
             results,
             states: Vec::new(),
+            search_nodes: None,
         }
     }
 
@@ -209,6 +212,7 @@ impl TraceReport {
             "pods": self.pods,
             "typical_shapes": self.shapes,
             "seeds": self.seeds,
+            "search_nodes": self.search_nodes,
             "results": self.results.iter().map(PolicyResult::json).collect::<Vec<_>>(),
             "published": published,
         })

@@ -4,8 +4,8 @@
 use std::collections::HashMap;
 
 use gpushare_core::placement::{
-    Engine, GpuDemand, GpuPlacement, GpuSet, NodeSpec, POLICIES, Request, ScheduleMode, Workload,
-    by_name,
+    Engine, GpuDemand, GpuPlacement, GpuSet, NodeSpec, POLICIES, Placement, Request, ScheduleMode,
+    Workload, by_name,
 };
 use gpushare_core::request::{GpuQuantities, ResourceNames};
 
@@ -353,4 +353,69 @@ fn gpushare_keeps_idle_nodes_idle_when_it_can() {
         );
         assert_eq!(e.decide(&one).unwrap().node, want, "{policy}");
     }
+}
+
+#[test]
+fn a_search_window_chooses_among_the_nodes_kube_scheduler_found() {
+    // binpack prefers the fullest GPU. a, b, c, d: two 16 GB GPUs each.
+    let nodes = ["a", "b", "c", "d"].map(|n| node(n, 2, ScheduleMode::Share));
+    let mut e = engine(nodes.to_vec(), "binpack");
+    // b: one GPU with 4 GB free (12 GB taken), the other idle; d: both GPUs with 6 GB free,
+    // 12 GB in total but no GPU with 8 GB.
+    let b = e.node_id("b").unwrap();
+    let d = e.node_id("d").unwrap();
+    let on = |node: usize, gpu: usize| Placement {
+        node,
+        gpus: GpuSet::single(gpu),
+    };
+    e.commit(&share("fill", 12_000, None), on(b, 0));
+    e.commit(&share("ten", 10_000, None), on(d, 0));
+    e.commit(&share("ten", 10_000, None), on(d, 1));
+    let small = share("small", 4_000, None);
+    let big = share("big", 8_000, None);
+    assert!(e.nodes()[d].fits_in_total(&big), "12 GB free in total");
+    assert!(e.nodes()[d].check(&big).is_err(), "no GPU with 8 GB");
+
+    // The whole cluster: binpack's best for 4 GB is b's fullest GPU.
+    assert_eq!(e.decide(&small).unwrap().node, b);
+    // A window of one from a: a is all kube-scheduler found, so a, and the next search
+    // starts at b.
+    let mut start = 0;
+    assert_eq!(e.decide_within(&small, 1, &mut start).unwrap().node, 0);
+    assert_eq!(start, 1);
+    assert_eq!(e.decide_within(&small, 1, &mut start).unwrap().node, b);
+    assert_eq!(start, 2);
+    // From d with a window of one: d passes kube-scheduler's totals but no GPU takes 8 GB,
+    // so the pod is unschedulable this time, though a, b and c would take it.
+    let mut start = d;
+    assert!(e.decide_within(&big, 1, &mut start).is_err());
+    assert_eq!(start, 0, "the search wrapped past d");
+    // A window of two from d: d, then a.
+    let mut start = d;
+    assert_eq!(e.decide_within(&big, 2, &mut start).unwrap().node, 0);
+    // A window as large as the cluster decides as the whole cluster does.
+    for s in 0..4 {
+        let mut start = s;
+        assert_eq!(
+            e.decide_within(&small, 4, &mut start).unwrap(),
+            e.decide(&small).unwrap()
+        );
+        assert_eq!(start, s, "every node looked at: back where it started");
+    }
+    // Nodes that fail kube-scheduler's own filter are skipped, not counted.
+    let huge = Request::cpu_only("huge", 20_000, 1024);
+    e.commit(
+        &huge,
+        Placement {
+            node: 0,
+            gpus: GpuSet::EMPTY,
+        },
+    );
+    let cpu_heavy = Request {
+        cpu_milli: 16_000,
+        ..small.clone()
+    };
+    let mut start = 0;
+    assert_eq!(e.decide_within(&cpu_heavy, 1, &mut start).unwrap().node, 1);
+    assert_eq!(start, 2, "a (out of CPU) and b looked at");
 }

@@ -62,6 +62,8 @@ pub struct Engine {
     versions: Vec<u32>,
     /// Node ids in tie-break order.
     order: Vec<usize>,
+    /// Each node id's place in `order`.
+    rank: Vec<usize>,
     by_name: HashMap<String, usize, BuildNameHasher>,
     policy: Box<dyn PlacementPolicy>,
     cache: ScoreCache,
@@ -200,6 +202,7 @@ impl Engine {
             versions: vec![1; nodes.len()],
             cache: ScoreCache::default(),
             order: (0..nodes.len()).collect(),
+            rank: (0..nodes.len()).collect(),
             by_name: nodes
                 .iter()
                 .enumerate()
@@ -233,6 +236,9 @@ impl Engine {
             self.nodes.len(),
             "tie order must list every node"
         );
+        for (place, &id) in order.iter().enumerate() {
+            self.rank[id] = place;
+        }
         self.order = order;
     }
 
@@ -279,6 +285,44 @@ impl Engine {
         let slot = self.refresh(req);
         let cached = &self.cache.slots[slot].1;
         self.pick(req, |id| cached[id].choice)
+    }
+
+    /// [`Engine::decide`] as behind kube-scheduler's node search: from node id `*start` on
+    /// (wrapping), the first `window` nodes that pass kube-scheduler's own filter
+    /// ([`NodeState::fits_in_total`]) are the candidates, and the best of those where the pod
+    /// fits is chosen (ties: the earlier in the tie order); `*start` then moves past the
+    /// nodes looked at, as kube-scheduler's next search starts where this one stopped.
+    pub fn decide_within(
+        &mut self,
+        req: &Request,
+        window: usize,
+        start: &mut usize,
+    ) -> Result<Placement, Unschedulable> {
+        let n = self.nodes.len();
+        if n == 0 {
+            return Err(self.unschedulable(req));
+        }
+        let (mut found, mut looked) = (0usize, 0usize);
+        let mut best: Option<(Choice, usize)> = None;
+        let mut scorer = self.scorer(req);
+        while looked < n && found < window.max(1) {
+            let id = (*start + looked) % n;
+            looked += 1;
+            if !scorer.engine().nodes[id].fits_in_total(req) {
+                continue;
+            }
+            found += 1;
+            if let Some(c) = scorer.choice(id) {
+                let rank = &scorer.engine().rank;
+                if best.is_none_or(|(b, bid)| {
+                    c.score > b.score || (c.score == b.score && rank[id] < rank[bid])
+                }) {
+                    best = Some((c, id));
+                }
+            }
+        }
+        *start = (*start + looked) % n;
+        self.placed_or_why(req, best)
     }
 
     /// Every node's score for `req` (`None`: it does not fit), indexed by node id, through the
@@ -344,6 +388,15 @@ impl Engine {
                 best = Some((c, id));
             }
         }
+        self.placed_or_why(req, best)
+    }
+
+    /// The chosen node's placement, or why none takes `req`.
+    fn placed_or_why(
+        &self,
+        req: &Request,
+        best: Option<(Choice, usize)>,
+    ) -> Result<Placement, Unschedulable> {
         match best {
             Some((c, id)) => Ok(Placement {
                 node: id,

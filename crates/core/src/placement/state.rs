@@ -302,6 +302,43 @@ impl NodeState {
         }
     }
 
+    /// What kube-scheduler's own filter sees of the pod's fit before an extender is asked:
+    /// the node's totals — free CPU and memory, the sum of its GPUs' free memory (and
+    /// compute) as one extended resource, its GPU model by label — not whether one GPU has
+    /// room. Every node that [`NodeState::check`] accepts passes; a node whose free GPU
+    /// memory is split over several GPUs may pass here and fail there.
+    pub fn fits_in_total(&self, req: &Request) -> bool {
+        if self.cpu_free < req.cpu_milli || self.memory_free < req.memory_mib {
+            return false;
+        }
+        let need = req.gpu.count() as u64;
+        if matches!(req.gpu, GpuDemand::None) {
+            return true;
+        }
+        if !req.models.is_empty() && !self.spec.gpus.iter().any(|g| req.allows_model(&g.model)) {
+            return false;
+        }
+        let healthy = || self.gpus.iter().filter(|g| g.healthy);
+        let memory_free: u64 = healthy().map(|g| g.memory_free).sum();
+        match req.gpu {
+            GpuDemand::None => true,
+            GpuDemand::Shared {
+                memory_mib,
+                core_milli,
+                ..
+            } => {
+                let core_free: u64 = healthy().map(|g| g.core_free as u64).sum();
+                memory_free >= need * memory_mib
+                    && core_milli.is_none_or(|c| core_free >= need * c as u64)
+            }
+            GpuDemand::Whole { .. } => {
+                // gpu-count k and all of those GPUs' memory (the largest GPU's, a bound).
+                let per_gpu = healthy().map(|g| g.memory_mib).max().unwrap_or(0);
+                healthy().count() as u64 >= need && memory_free >= need * per_gpu
+            }
+        }
+    }
+
     /// Gives `gpus` (chosen among what [`NodeState::check`] returned) and the node's CPU and
     /// memory to the pod.
     pub fn take(&mut self, req: &Request, gpus: GpuSet) {
