@@ -159,6 +159,9 @@ VALUES=(
     --set agent.config.gpuBackend=sim --set agent.config.statusListen="127.0.0.1:$STATUS_PORT"
     --set scheduler.port="$EXT_PORT" --set scheduler.service.port="$EXT_PORT"
     --set scheduler.secondScheduler.securePort="$KS_PORT"
+    # Rendered into the profile and validated by kube-scheduler at start (one node: no
+    # other effect here).
+    --set scheduler.secondScheduler.percentageOfNodesToScore=50
 )
 
 echo "=== 1. helm install"
@@ -172,6 +175,8 @@ e2e_check "agent DaemonSet: 1 of 1 ready" k8s_wait_for 60 "agent ready" bash -c 
     "[[ \$($K8S_KUBECTL --kubeconfig $KUBECONFIG -n $NS get ds $RELEASE-node -o jsonpath='{.status.numberReady}/{.status.desiredNumberScheduled}') == 1/1 ]]"
 e2e_check "scheduler Deployment: available, both containers ready" bash -c \
     "$K8S_KUBECTL --kubeconfig $KUBECONFIG -n $NS get pod -l app.kubernetes.io/component=scheduler -o json | jq -e '.items[0].status.containerStatuses | length == 2 and all(.ready)'"
+e2e_check "… its kube-scheduler started with the profile's percentageOfNodesToScore 50 (validated at start)" bash -c \
+    "$K8S_KUBECTL --kubeconfig $KUBECONFIG -n $NS get configmap $RELEASE-kube-scheduler -o jsonpath='{.data.config\\.yaml}' | grep -q 'percentageOfNodesToScore: 50'"
 AGENT=$(agent_pod)
 e2e_check "the agent container is not privileged: root with capabilities MKNOD, KILL, SYS_NICE only, no privilege escalation, seccomp RuntimeDefault" bash -c \
     "$K8S_KUBECTL --kubeconfig $KUBECONFIG -n $NS get pod $AGENT -o json | jq -e '.spec.securityContext.seccompProfile.type == \"RuntimeDefault\" and (.spec.containers[0].securityContext | (.privileged // false) == false and .capabilities.drop == [\"ALL\"] and .capabilities.add == [\"MKNOD\",\"KILL\",\"SYS_NICE\"] and .allowPrivilegeEscalation == false)'"
