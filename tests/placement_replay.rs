@@ -140,7 +140,8 @@ fn replay_metrics_are_sane_and_fragmentation_aware_policies_win() {
 fn node_states_at_a_load_show_where_the_unallocated_capacity_sits() {
     let t = synthetic();
     let run = replay_with_state(&t, "gpushare", 42, 130, Some(100)).unwrap();
-    let csv = run.state.clone().expect("state asked for");
+    let state = run.state.clone().expect("state asked for");
+    let csv = state.nodes.clone();
     let mut lines = csv.lines();
     assert_eq!(
         lines.next(),
@@ -173,6 +174,28 @@ fn node_states_at_a_load_show_where_the_unallocated_capacity_sits() {
         above - 1e-9 <= pct && pct <= below + 1e-9,
         "{above} <= {pct} <= {below}"
     );
+    // The pods that failed until then: each a pod of the trace, as many as the replay
+    // counted before the state, and together the capacity the failures left unallocated.
+    let mut failed = state.failed.lines();
+    assert_eq!(
+        failed.next(),
+        Some("pod,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec")
+    );
+    let failed: Vec<Vec<&str>> = failed.map(|l| l.split(',').collect()).collect();
+    assert!(!failed.is_empty() && failed.len() <= run.failed);
+    let mut failed_milli = 0u64;
+    for row in &failed {
+        assert_eq!(row.len(), 6, "{row:?}");
+        let pod = t
+            .pods
+            .iter()
+            .find(|p| p.name == row[0])
+            .expect("a trace pod");
+        assert_eq!(row[3].parse::<u32>().unwrap(), pod.num_gpu);
+        assert_eq!(row[4].parse::<u32>().unwrap(), pod.gpu_milli);
+        failed_milli += pod.gpu_demand();
+    }
+    assert!(failed_milli > 0, "GPU pods among the failures");
     // The same states through the report, per policy and seed; none unless asked.
     let policies = vec!["fgd".to_string(), "gpushare".to_string()];
     let none = Variant::default();
@@ -197,7 +220,7 @@ fn node_states_at_a_load_show_where_the_unallocated_capacity_sits() {
         .iter()
         .find(|(p, s, _)| p == "gpushare" && *s == 42)
         .unwrap();
-    assert_eq!(mine.2, csv, "the report keeps the replay's states");
+    assert_eq!(mine.2, state, "the report keeps the replay's states");
     let plain = run_variant(
         &t,
         &none,

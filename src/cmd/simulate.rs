@@ -68,7 +68,8 @@ pub struct SimulateArgs {
     /// capacity has been tried, to `<out>/<trace>.<policy>.<seed>.state.csv` (columns: node,
     /// gpus, model, cpu_milli, cpu_free_milli, memory_mib, memory_free_mib, pods,
     /// gpu_free_milli — each GPU's free per-mille, `;`-separated): where the unallocated
-    /// capacity sits.
+    /// capacity sits; and the pods that failed until then to `<…>.<seed>.failed.csv` (pod,
+    /// cpu_milli, memory_mib, num_gpu, gpu_milli, gpu_spec — its models `;`-separated).
     #[arg(long, value_name = "LOAD")]
     pub state_at: Option<u32>,
     /// Decide as a kube-scheduler with an extender does: kube-scheduler stops its node search
@@ -158,10 +159,13 @@ fn emit(
     let doc = report.json();
     // Variant names carry ':' and ','; file names get '=' and '_' instead.
     let stem = report.trace.replace(':', "=").replace(',', "_");
-    for (policy, seed, csv) in &report.states {
-        let file = args.out.join(format!("{stem}.{policy}.{seed}.state.csv"));
-        std::fs::write(&file, csv).with_context(|| format!("cannot write {}", file.display()))?;
-        written.push(file.display().to_string());
+    for (policy, seed, state) in &report.states {
+        for (kind, csv) in [("state", &state.nodes), ("failed", &state.failed)] {
+            let file = args.out.join(format!("{stem}.{policy}.{seed}.{kind}.csv"));
+            std::fs::write(&file, csv)
+                .with_context(|| format!("cannot write {}", file.display()))?;
+            written.push(file.display().to_string());
+        }
     }
     let file = args.out.join(format!("{stem}.json"));
     std::fs::write(&file, serde_json::to_string_pretty(&doc)? + "\n")

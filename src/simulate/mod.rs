@@ -17,7 +17,10 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use gpushare_core::placement::{POLICIES, UnknownPolicy};
-pub use replay::{ReplayOptions, Run, Trace, replay, replay_with, replay_with_state, state_csv};
+pub use replay::{
+    ReplayOptions, Run, StateAt, Trace, failed_csv, replay, replay_with, replay_with_state,
+    state_csv,
+};
 pub use report::{PolicyResult, TraceReport};
 pub use trace::TraceError;
 pub use variant::{Variant, VariantError};

@@ -91,8 +91,18 @@ pub struct Run {
     pub decision_ns: Vec<u64>,
     pub attempts: usize,
     pub failed: usize,
-    /// The node states at the load asked of [`replay_with_state`] ([`state_csv`]).
-    pub state: Option<String>,
+    /// The node states at the load asked of [`replay_with_state`], and the pods that failed
+    /// until then.
+    pub state: Option<StateAt>,
+}
+
+/// What a replay looked like once every pod arriving within `state_at` % had been tried.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StateAt {
+    /// [`state_csv`].
+    pub nodes: String,
+    /// [`failed_csv`] of the pods that failed until then, in arrival order.
+    pub failed: String,
 }
 
 impl Run {
@@ -163,6 +173,7 @@ pub fn replay_with(
     let (mut arrived, mut allocated, mut failed) = (0u64, 0u64, 0usize);
     let state_limit = state_at.map(|l| trace.capacity as u128 * l as u128);
     let mut state = None;
+    let mut failed_pods: Vec<usize> = Vec::new();
     for &i in &seq {
         let req = &trace.requests[i];
         let d = trace.pods[i].gpu_demand();
@@ -170,7 +181,10 @@ pub fn replay_with(
             && state.is_none()
             && (arrived + d) as u128 * 100 > limit
         {
-            state = Some(state_csv(engine.nodes()));
+            state = Some(StateAt {
+                nodes: state_csv(engine.nodes()),
+                failed: failed_csv(trace, &failed_pods),
+            });
         }
         let t = Instant::now();
         let ok = match opts.search_nodes {
@@ -189,6 +203,9 @@ pub fn replay_with(
             allocated += d;
         } else {
             failed += 1;
+            if state_at.is_some() && state.is_none() {
+                failed_pods.push(i);
+            }
         }
         let bin = ((arrived as f64 / cap * 100.0).round() as usize).min(sums.len() - 1);
         sums[bin].0 += allocated as f64 / cap * 100.0;
@@ -204,8 +221,32 @@ pub fn replay_with(
         decision_ns,
         attempts: seq.len(),
         failed,
-        state: state_at.map(|_| state.unwrap_or_else(|| state_csv(engine.nodes()))),
+        state: state_at.map(|_| {
+            state.unwrap_or_else(|| StateAt {
+                nodes: state_csv(engine.nodes()),
+                failed: failed_csv(trace, &failed_pods),
+            })
+        }),
     })
+}
+
+/// One line per failed pod (`pods`: indices into `trace.pods`): `pod,cpu_milli,memory_mib,
+/// num_gpu,gpu_milli,gpu_spec`, the models it accepts joined by `;` (empty: any).
+pub fn failed_csv(trace: &Trace, pods: &[usize]) -> String {
+    let mut out = String::from("pod,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec\n");
+    for &i in pods {
+        let p = &trace.pods[i];
+        out += &format!(
+            "{},{},{},{},{},{}\n",
+            p.name,
+            p.cpu_milli,
+            p.memory_mib,
+            p.num_gpu,
+            p.gpu_milli,
+            p.gpu_spec.join(";")
+        );
+    }
+    out
 }
 
 /// One line per node: `node,gpus,model,cpu_milli,cpu_free_milli,memory_mib,memory_free_mib,

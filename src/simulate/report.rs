@@ -172,9 +172,9 @@ pub struct TraceReport {
     pub shapes: usize,
     pub seeds: Vec<u64>,
     pub results: Vec<PolicyResult>,
-    /// (policy, seed, [`super::state_csv`]) of each replay, when asked for
+    /// (policy, seed, node states and failed pods) of each replay, when asked for
     /// ([`super::run_variant`]'s `opts.state_at`).
-    pub states: Vec<(String, u64, String)>,
+    pub states: Vec<(String, u64, super::StateAt)>,
     /// The replays' `opts.search_nodes` (`None`: every node a candidate).
     pub search_nodes: Option<usize>,
 }
