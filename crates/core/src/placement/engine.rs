@@ -265,7 +265,17 @@ impl Engine {
     pub fn evaluate(&self, id: usize, req: &Request) -> Result<Choice, Reject> {
         let node = &self.nodes[id];
         node.check(req).map_err(|why| self.reject(id, req, why))?;
-        Ok(score(node, id, req, self.policy.as_ref()).expect("the pod fits on the node"))
+        let c = score(node, id, req, self.policy.as_ref());
+        Ok(self.live(id, req, c).expect("the pod fits on the node"))
+    }
+
+    /// A cached (or freshly computed) score with the policy's uncached term added
+    /// ([`PlacementPolicy::live`]): what every decision compares.
+    fn live(&self, id: usize, req: &Request, c: Option<Choice>) -> Option<Choice> {
+        c.map(|c| Choice {
+            score: c.score + self.policy.live(id, req),
+            gpus: c.gpus,
+        })
     }
 
     fn reject(&self, id: usize, req: &Request, why: Why) -> Reject {
@@ -329,7 +339,10 @@ impl Engine {
     /// same score cache as [`Engine::decide`].
     pub fn scores(&mut self, req: &Request) -> Vec<Option<Choice>> {
         let slot = self.refresh(req);
-        self.cache.slots[slot].1.iter().map(|c| c.choice).collect()
+        let cached = &self.cache.slots[slot].1;
+        (0..cached.len())
+            .map(|id| self.live(id, req, cached[id].choice))
+            .collect()
     }
 
     /// A view of the score cache for `req`'s shape that scores nodes one at a time, on
@@ -382,7 +395,7 @@ impl Engine {
     ) -> Result<Placement, Unschedulable> {
         let mut best: Option<(Choice, usize)> = None;
         for &id in &self.order {
-            if let Some(c) = choice(id)
+            if let Some(c) = self.live(id, req, choice(id))
                 && best.is_none_or(|(b, _)| c.score > b.score)
             {
                 best = Some((c, id));
@@ -477,7 +490,8 @@ impl Scorer<'_> {
                 choice: score(&e.nodes[id], id, self.req, e.policy.as_ref()),
             };
         }
-        entry.choice
+        let c = entry.choice;
+        e.live(id, self.req, c)
     }
 
     pub fn engine(&self) -> &Engine {

@@ -209,7 +209,7 @@ pub struct FragModel {
     current: Vec<Frag>,
 }
 
-fn gpu_size(gpu: &GpuDemand, gpu_memory_mib: u64) -> u32 {
+pub fn gpu_size(gpu: &GpuDemand, gpu_memory_mib: u64) -> u32 {
     match *gpu {
         GpuDemand::None => 0,
         GpuDemand::Whole { .. } => CORE_MILLI_PER_GPU,

@@ -29,15 +29,28 @@
 //!    to those pods. Without it, at 90–95 % arrived load the packing tie-break filled those
 //!    nodes first and `gpushare` refused model-constrained, CPU-heavy and 8-GPU pods earlier
 //!    than `fgd`, whose random tie order spreads them (`gpushare simulate --variant`).
-//! 5. Remaining ties: the node order, as for every policy.
+//! 5. Not a tie-break: a price in whole points for taking capacity in a GPU model pool whose
+//!    share of the *captive* demand (typical shapes that accept only some models) exceeds its
+//!    share of the cluster's free GPU capacity: [`PRESSURE_WEIGHT`] × (pressure − 1) per GPU
+//!    taken ([`Pools::price`]). FGD's never-usable bonus (item 1) is static and largest on
+//!    small pools, so pods that could run anywhere keep filling a small pool (8-GPU pods on
+//!    the 39 G3 nodes) until the pods only it can hold fail: on
+//!    `gpushare100+model:0.3,multigpu:0.3,cpuheavy:0.3`, seeds 100–119, 90 %, every extra
+//!    failure against `fgd` was such a pod (BENCHMARKS.md). The pressure follows the pool's
+//!    free capacity as it fills, so a pool pays nothing until it is short for its own pods.
+//!    It depends on other nodes, so it is not part of the cached score but added at every
+//!    decision ([`PlacementPolicy::live`]); a pod that accepts only one model pays the same on
+//!    each of its nodes and is not moved.
+//! 6. Remaining ties: the node order, as for every policy.
 //!
-//! Per node both fragments are kept current and a candidate costs O(shapes) ([`FragModel`]).
+//! Per node both fragments are kept current and a candidate costs O(shapes) ([`FragModel`]);
+//! the pools' free capacity is kept current per node change and the price costs O(1).
 //! The weights were chosen on the openb traces (seeds 42–51; the rarity weight on seeds 42–46
 //! of the traces and their `--variant` stress variants) and checked on seeds 100–104; see the
 //! README and BENCHMARKS.md.
 
 use super::fgd::{best_choice, fgd_score};
-use super::frag::FragModel;
+use super::frag::{FragModel, gpu_size};
 use super::model::{GpuDemand, Request};
 use super::policy::{Choice, PlacementPolicy, free_after};
 use super::state::{GpuSet, NodeState};
@@ -53,6 +66,9 @@ const OPEN_IDLE_NODE_PER_GPU: f64 = 20.0;
 /// Repeated-fragment equivalent of taking one per-mille of a GPU on a node, per unit of the
 /// node's rarity ([`rarity`]): 0.2 per-mille per e-fold.
 const RARITY_WEIGHT: f64 = 0.2;
+/// Points per GPU taken, per unit of a model pool's pressure above 1 ([`Pools::price`]):
+/// 5 on the 240 variant cells of seeds 42–61 and 100–119 (BENCHMARKS.md, 2026-12-05).
+const PRESSURE_WEIGHT: f64 = 5.0;
 
 #[derive(Debug, Clone, Default)]
 pub struct Gpushare {
@@ -60,6 +76,7 @@ pub struct Gpushare {
     model: FragModel,
     /// Per node: ln(cluster GPUs / GPUs on nodes at least as capable), see [`rarity`].
     rarity: Vec<f64>,
+    pools: Pools,
 }
 
 impl Gpushare {
@@ -68,7 +85,104 @@ impl Gpushare {
             workload,
             model: FragModel::default(),
             rarity: Vec::new(),
+            pools: Pools::default(),
         }
+    }
+}
+
+/// The GPU model pools (nodes by GPU model), the share of the *captive* GPU demand of each
+/// (typical shapes that accept only some models, split evenly over the pools they accept) and
+/// each pool's free GPU capacity, kept current from [`PlacementPolicy::node_changed`]
+/// (item 5 of the module docs).
+#[derive(Debug, Clone, Default)]
+struct Pools {
+    /// Per node: its pool (`None`: no GPUs).
+    of: Vec<Option<u32>>,
+    /// Per node: its free per-mille as last seen.
+    node_free: Vec<u32>,
+    /// Per pool: its share of the captive demand (the shares sum to 1).
+    demand: Vec<f64>,
+    /// Per pool: free per-mille.
+    free: Vec<u64>,
+    /// Per pool: the memory of its first GPU (to size shares of GPU memory).
+    gpu_memory: Vec<u64>,
+    total_free: u64,
+}
+
+impl Pools {
+    fn new(nodes: &[NodeState], workload: &Workload) -> Self {
+        let mut names: Vec<&str> = Vec::new();
+        let mut p = Pools::default();
+        for n in nodes {
+            let f = n.free_milli();
+            p.node_free.push(f);
+            if n.gpus.is_empty() {
+                p.of.push(None);
+                continue;
+            }
+            let i = match names.iter().position(|&x| x == n.spec.model()) {
+                Some(i) => i,
+                None => {
+                    names.push(n.spec.model());
+                    p.free.push(0);
+                    p.gpu_memory.push(n.spec.gpus[0].memory_mib);
+                    names.len() - 1
+                }
+            };
+            p.of.push(Some(i as u32));
+            p.free[i] += f as u64;
+            p.total_free += f as u64;
+        }
+        p.demand = vec![0.0; names.len()];
+        for s in &workload.shapes {
+            if s.models.is_empty() || s.gpu == GpuDemand::None {
+                continue;
+            }
+            let pools: Vec<usize> = (0..names.len())
+                .filter(|&i| s.models.iter().any(|m| m == names[i]))
+                .collect();
+            for &i in &pools {
+                let taken = gpu_size(&s.gpu, p.gpu_memory[i]) as f64 * s.gpu.count() as f64;
+                p.demand[i] += s.p * taken / pools.len() as f64;
+            }
+        }
+        let total: f64 = p.demand.iter().sum();
+        for d in &mut p.demand {
+            // No captive demand at all: no price anywhere.
+            *d = if total > 0.0 { *d / total } else { 0.0 };
+        }
+        p
+    }
+
+    fn changed(&mut self, id: usize, node: &NodeState) {
+        let (Some(&Some(i)), Some(old)) = (self.of.get(id), self.node_free.get_mut(id)) else {
+            return;
+        };
+        let f = node.free_milli();
+        let i = i as usize;
+        self.free[i] = self.free[i] + f as u64 - *old as u64;
+        self.total_free = self.total_free + f as u64 - *old as u64;
+        *old = f;
+    }
+
+    /// Points a GPU pod pays for taking capacity on node `id`: [`PRESSURE_WEIGHT`] per GPU it
+    /// takes, times how far the pool's share of the captive demand exceeds its share of the
+    /// free capacity (pressure − 1, none below 1).
+    fn price(&self, id: usize, req: &Request) -> f64 {
+        let Some(&Some(i)) = self.of.get(id) else {
+            return 0.0;
+        };
+        let i = i as usize;
+        if req.gpu == GpuDemand::None || self.demand[i] == 0.0 {
+            return 0.0;
+        }
+        let share = self.free[i].max(1) as f64 / self.total_free.max(1) as f64;
+        let over = self.demand[i] / share - 1.0;
+        if over <= 0.0 {
+            return 0.0;
+        }
+        let taken = gpu_size(&req.gpu, self.gpu_memory[i]) as f64 * req.gpu.count() as f64;
+        PRESSURE_WEIGHT * over * taken / 1000.0
     }
 }
 
@@ -80,10 +194,16 @@ impl PlacementPolicy for Gpushare {
     fn init(&mut self, nodes: &[NodeState]) {
         self.model = FragModel::new(self.workload.clone(), nodes, true);
         self.rarity = rarity(nodes, &self.workload);
+        self.pools = Pools::new(nodes, &self.workload);
     }
 
     fn node_changed(&mut self, id: usize, node: &NodeState) {
         self.model.refresh(id, node);
+        self.pools.changed(id, node);
+    }
+
+    fn live(&self, id: usize, req: &Request) -> f64 {
+        -self.pools.price(id, req)
     }
 
     fn score(&self, id: usize, node: &NodeState, req: &Request, fit: GpuSet) -> Choice {
@@ -161,6 +281,7 @@ pub fn rarity(nodes: &[NodeState], workload: &Workload) -> Vec<f64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::placement::engine::Engine;
     use crate::placement::fgd::Fgd;
     use crate::placement::model::{NodeSpec, ScheduleMode};
     use crate::placement::workload::Shape;
@@ -281,5 +402,74 @@ mod tests {
         let [g2, t4] = scores(&gs, &nodes, &req, [0, 4]);
         assert!(g2 > t4, "gpushare: G2 {g2} vs T4 {t4}");
         assert_eq!(g2.round(), t4.round(), "primary scores tie");
+    }
+
+    /// `g2` nodes of 8 G2 GPUs (ids 0…), then one node of 8 G3 GPUs; typical shapes: one
+    /// GPU of any model (40 %), of G2 (40 %), of G3 (20 %).
+    fn g2_and_g3(g2: usize) -> (Vec<NodeState>, Workload) {
+        let mut nodes: Vec<NodeState> = (0..g2)
+            .map(|i| node(&format!("g{i}"), 8, 96_000, "G2"))
+            .collect();
+        nodes.push(node("g3", 8, 96_000, "G3"));
+        let w = Workload {
+            shapes: vec![
+                one_gpu_shape(&[], 0.4),
+                one_gpu_shape(&["G2"], 0.4),
+                one_gpu_shape(&["G3"], 0.2),
+            ],
+        };
+        (nodes, w)
+    }
+
+    #[test]
+    fn a_free_pod_leaves_a_model_pool_pressed_beyond_its_share_of_the_free_capacity() {
+        // The G3 node's GPUs are never usable by the G2 shapes (40 %), a G2 node's by the G3
+        // shapes (20 %): FGD's primary score prefers G3 (54 against 52 with half the bonus
+        // taken back), for the unconstrained pod too.
+        let req = one_gpu_request("free");
+        let (nodes, w) = g2_and_g3(4);
+        let mut gs = Gpushare::new(w.clone());
+        gs.init(&nodes);
+        let [g2, g3] = scores(&gs, &nodes, &req, [0, 4]);
+        assert!(g3 > g2 + 1.5, "cached scores: G2 {g2} vs G3 {g3}");
+        // G3 holds a third of the captive demand (0.2 of 0.6) and a fifth of the free GPUs:
+        // pressure 5/3, so 5 · 2/3 points per GPU, and G2 (2/3 of the demand, 4/5 of the
+        // capacity) pays nothing.
+        assert!(gs.live(0, &req).abs() < 1e-12);
+        let price = -gs.live(4, &req);
+        assert!((price - 5.0 * 2.0 / 3.0).abs() < 1e-9, "{price}");
+        assert!(g3 - price < g2, "live: G2 {g2} vs G3 {}", g3 - price);
+        // Through the engine, every decision path adds it.
+        let specs: Vec<NodeSpec> = nodes.iter().map(|n| n.spec.clone()).collect();
+        let mut e = Engine::new(specs, Box::new(Gpushare::new(w.clone())));
+        assert_eq!(e.decide(&req).unwrap().node, 0);
+        assert_eq!(e.decide_fresh(&req).unwrap().node, 0);
+        let mut start = 3;
+        assert_eq!(e.decide_within(&req, 2, &mut start).unwrap().node, 3);
+        let s = e.scores(&req);
+        assert!(s[4].unwrap().score < s[0].unwrap().score, "{s:?}");
+        assert!((e.evaluate(4, &req).unwrap().score - s[4].unwrap().score).abs() < 1e-12);
+        // A G3-only pod still goes to G3: the price is the same on every node it may use.
+        let only_g3 = one_gpu_request("g3").with_models(["G3"]);
+        assert_eq!(e.place(&only_g3).unwrap().node, 4);
+        // The price follows the pool's free capacity: 7 of 39 free GPUs now.
+        let price = -e.scores(&req)[4].unwrap().score + g3;
+        let want = 5.0 * ((1.0 / 3.0) / (7.0 / 39.0) - 1.0);
+        assert!((price - want).abs() < 0.2, "{price} vs {want}");
+        // Where the small pool holds no less of the free capacity than of the captive demand
+        // (2 G2 nodes and the G3 node: a third each), it pays nothing and the pod takes it.
+        let (nodes, w) = g2_and_g3(2);
+        let mut gs = Gpushare::new(w.clone());
+        gs.init(&nodes);
+        assert_eq!(gs.live(2, &req), 0.0);
+        let specs: Vec<NodeSpec> = nodes.iter().map(|n| n.spec.clone()).collect();
+        let mut e = Engine::new(specs, Box::new(Gpushare::new(w)));
+        assert_eq!(e.decide(&req).unwrap().node, 2);
+        // Without any shape asking for a model there is no price.
+        let mut gs = Gpushare::new(Workload {
+            shapes: vec![one_gpu_shape(&[], 1.0)],
+        });
+        gs.init(&nodes);
+        assert_eq!(gs.live(2, &req), 0.0);
     }
 }

@@ -28,6 +28,13 @@ pub trait PlacementPolicy: Send + Sync {
     /// Scores node `id`, where `req` fits on the GPUs `fit` (empty for CPU-only pods; for a
     /// node labelled `ack.node.gpu.placement`, exactly the GPUs the label chose).
     fn score(&self, id: usize, node: &NodeState, req: &Request, fit: GpuSet) -> Choice;
+    /// A term added to node `id`'s [`PlacementPolicy::score`] at every decision and never
+    /// cached: what depends on cluster-wide state the policy keeps through
+    /// [`PlacementPolicy::node_changed`] (a sum over many nodes), which the per-node score
+    /// cache cannot hold. Called for every candidate of every decision, so it must be O(1).
+    fn live(&self, _id: usize, _req: &Request) -> f64 {
+        0.0
+    }
 }
 
 /// The policies `gpushare simulate` and the scheduler know, by name.
