@@ -8,16 +8,14 @@
 //! running work that outlived a freeze (GPU kernels already queued). Its next window is
 //! `quota − gain · debt`, so whatever it took is paid back and the long-run share converges to
 //! the quota exactly: looking idle for a while and then spinning buys nothing. Credit (negative
-//! debt) is earned only by a container that was *held back*: it used (nearly) all of its
-//! windows and still got less than its quota (a thaw that came late, a neighbour sharing the
-//! GPU). One that left its window unused — idle, waiting on something else, or not started
-//! yet (`runc init` waiting for `runc start`) — or had no window (paying back) gets its debt
-//! paid back but saves up nothing: before, the first period of a container taken on before
-//! its process ran earned a full credit, and the start ran at `quota + max_boost` until it was
-//! spent (~30 ms at 100 ms periods, which kept a 2 s average of a 30–50 % quota out of ±2
-//! points for 2 s). Credit is capped at `max_boost / gain`, so a window never exceeds
-//! `quota + max_boost`; debt is capped at `max_debt` periods so a measurement glitch cannot
-//! starve a container for long.
+//! debt, earned by using less than the quota) is capped at `max_boost / gain`, so a window
+//! never exceeds `quota + max_boost` and an idle container cannot save up a burst; debt is
+//! capped at `max_debt` periods so a measurement glitch cannot starve a container for long.
+//! A container earns no credit before it has been seen running: one taken on before its
+//! process runs (at NRI CreateContainer, or at StartContainer before `runc start`) measures
+//! ~0 % at first, and that used to earn the full credit, so the start ran at
+//! `quota + max_boost` until it was spent (~30 ms at 100 ms periods, which kept a 2 s average
+//! of a 30–50 % quota out of ±2 points for 2 s).
 //!
 //! Containers without a compute quota share what is left of the period. Policy `hard` keeps
 //! capped containers to their windows even when the GPU is otherwise idle; `burst` lets them
@@ -198,6 +196,9 @@ struct MemberState {
     active: bool,
     /// Consecutive samples below the idle threshold.
     low_samples: u32,
+    /// Seen running (using at least half of a window) since it was taken on: until then it
+    /// earns no credit.
+    started: bool,
     /// Not measured yet: a container just taken on, whose process may be waiting to start
     /// (`runc init` before `runc start`). Its window comes first in the period, so the start
     /// is not held up by a freeze.
@@ -210,10 +211,6 @@ struct MemberState {
 /// Consecutive low samples before a container counts as idle: one window cut short by
 /// timing jitter must not release a busy container.
 const IDLE_AFTER: u32 = 3;
-
-/// A container that used at least this fraction of its windows and got less than its quota
-/// was held back, and earns credit for the difference.
-const HELD_BACK: f64 = 0.75;
 
 /// The control loop of one GPU.
 #[derive(Debug, Clone)]
@@ -253,6 +250,7 @@ impl GpuLoop {
                     debt: 0.0,
                     active: true,
                     low_samples: 0,
+                    started: false,
                     fresh: true,
                     windows: old.map_or_else(|| vec![Window::WHOLE], |st| st.windows),
                 },
@@ -338,7 +336,7 @@ impl GpuLoop {
         let max_credit = p.max_boost.max(0.0) / gain;
         for (id, st) in self.members.iter_mut() {
             let Some((s, w)) = measure(id) else { continue };
-            st.fresh = false;
+            let was_fresh = std::mem::take(&mut st.fresh);
             let s = if s.is_finite() {
                 s.clamp(0.0, 1.0)
             } else {
@@ -358,22 +356,24 @@ impl GpuLoop {
                     st.low_samples = st.low_samples.saturating_add(1);
                 }
             }
+            // Running: it used at least half of a window of this plan (not the first
+            // measurement, which covers the time before it was taken on, nor one in which it
+            // started part way through its window).
+            if !was_fresh && allowed > 1e-9 && s >= 0.5 * allowed {
+                st.started = true;
+            }
             st.active = st.low_samples < IDLE_AFTER;
             let Some(q) = st.quota else { continue };
             // Time used under a plan that held quotas is charged against the quota; time
             // used under a `burst` plan with unclaimed capacity was the container's to take.
             let w = if w.is_finite() { w.max(1.0) } else { 1.0 };
             st.debt = if self.last_correcting {
-                // Credit only for a container held back (module docs): one that used at least
-                // HELD_BACK of its windows. Any other pays its debt back down to zero, and
-                // keeps what credit it had.
-                let held_back = allowed > 1e-9 && s >= HELD_BACK * allowed;
-                let floor = if held_back {
-                    -max_credit
-                } else {
-                    st.debt.min(0.0).max(-max_credit)
-                };
-                (st.debt + w * (s - q)).max(floor).min(p.max_debt.max(0.0))
+                // No credit before it has been seen running (module docs): it pays debt back
+                // down to zero.
+                let floor = if st.started { -max_credit } else { 0.0 };
+                (st.debt + w * (s - q))
+                    .max(floor.min(st.debt))
+                    .min(p.max_debt.max(0.0))
             } else {
                 // `burst` with capacity unclaimed: the container was entitled to its quota
                 // plus all of that capacity. Using more is debt; using less pays debt back
@@ -604,8 +604,9 @@ mod tests {
     fn idle_container_is_left_alone_and_pays_back_what_it_took() {
         let mut lp = GpuLoop::new(Params::default());
         lp.set_members(&members(&[("a", Some(0.3))]));
-        // Idle for a long time (uses 1 % of the GPU): never frozen …
-        lp.step(&HashMap::new());
+        // Busy at first (a container earns no credit before it has been seen running) …
+        run(&mut lp, &["a"], 0.0, 5);
+        // … then idle for a long time (uses 1 % of the GPU): never frozen …
         for i in 0..50 {
             let plan = lp.step(&HashMap::from([("a".to_string(), 0.01)]));
             // One or two low samples are not enough (jitter); the third makes it idle.
@@ -616,14 +617,18 @@ mod tests {
                 assert!(!lp.is_idle("a"));
             }
         }
-        // … and it saves up nothing: it left its window unused.
-        assert_eq!(lp.debt("a"), Some(0.0));
+        // … and its credit is capped: max_boost / gain = 0.3 periods.
+        assert!(
+            (lp.debt("a").unwrap() + 0.3).abs() < 1e-9,
+            "{:?}",
+            lp.debt("a")
+        );
         // Then busy for a period, unthrottled: it took the whole GPU. From the next period
         // on it is busy again and its window is below its quota until that is paid back.
         let plan = lp.step(&HashMap::from([("a".to_string(), 1.0)]));
         assert!(!lp.is_idle("a"));
         assert!(plan.run_fraction("a") < 0.3 - 0.1, "{plan:?}");
-        // Over the burst and the next 20 periods it used its quota.
+        // Over the burst and the next 20 periods it used at most its quota plus the credit.
         let mut used = 1.0;
         let mut plan = plan;
         for _ in 0..20 {
@@ -631,37 +636,10 @@ mod tests {
             used += m["a"];
             plan = lp.step(&m);
         }
-        assert!(used <= 21.0 * 0.3 + 1e-6, "used {used} periods");
+        assert!(used <= 21.0 * 0.3 + 0.3 + 1e-6, "used {used} periods");
         assert!(used >= 21.0 * 0.3 - 0.1, "used {used} periods");
         let (_, m) = run(&mut lp, &["a"], 0.0, 10);
         assert!((m["a"] - 0.3).abs() < 0.01, "{m:?}");
-    }
-
-    /// A container taken on before its process runs (NRI CreateContainer, or StartContainer
-    /// before `runc start`) measures nothing for a period or more; when it starts, it gets
-    /// its quota and no more over the periods that follow.
-    #[test]
-    fn a_container_that_has_not_started_saves_up_nothing() {
-        for waiting in [1, 2, 5] {
-            let mut lp = GpuLoop::new(Params::default());
-            lp.set_members(&members(&[("a", Some(0.3))]));
-            let mut plan = lp.step(&HashMap::new());
-            for _ in 0..waiting {
-                plan = lp.step(&[("a".to_string(), 0.0)].into());
-            }
-            assert!(lp.debt("a").unwrap() >= 0.0, "{:?}", lp.debt("a"));
-            let mut used = 0.0;
-            for _ in 0..20 {
-                let m = simulate(&plan, &["a"], 0.0);
-                used += m["a"];
-                plan = lp.step(&m);
-            }
-            // Before, the waiting earned 0.3 periods of credit, spent at the start.
-            assert!(
-                (used - 20.0 * 0.3).abs() < 0.01,
-                "waiting {waiting}: used {used} periods"
-            );
-        }
     }
 
     /// A workload "a" that sleeps `sleep_ms` of wall time, then needs `spin_ms` of GPU time
@@ -702,6 +680,33 @@ mod tests {
             ]));
         }
         total / (periods as f64 * 100.0)
+    }
+
+    #[test]
+    fn a_container_that_has_not_started_saves_up_nothing() {
+        // Waiting for 1, 2 or 5 periods; in the last one it measures nothing, or it started
+        // part way through (5 % of the period).
+        for (waiting, last) in [(1, 0.0), (2, 0.0), (5, 0.0), (1, 0.05), (3, 0.05)] {
+            let mut lp = GpuLoop::new(Params::default());
+            lp.set_members(&members(&[("a", Some(0.3))]));
+            let mut plan = lp.step(&HashMap::new());
+            for i in 0..waiting {
+                let s = if i + 1 == waiting { last } else { 0.0 };
+                plan = lp.step(&[("a".to_string(), s)].into());
+            }
+            assert!(lp.debt("a").unwrap() >= 0.0, "{:?}", lp.debt("a"));
+            let mut used = 0.0;
+            for _ in 0..20 {
+                let m = simulate(&plan, &["a"], 0.0);
+                used += m["a"];
+                plan = lp.step(&m);
+            }
+            // Before, the waiting earned 0.3 periods of credit, spent at the start.
+            assert!(
+                (used - 20.0 * 0.3).abs() < 0.01,
+                "waiting {waiting}: used {used} periods"
+            );
+        }
     }
 
     #[test]
