@@ -355,12 +355,12 @@ impl GpuLoop {
                 } else {
                     st.low_samples = st.low_samples.saturating_add(1);
                 }
-            }
-            // Running: it used at least half of a window of this plan (not the first
-            // measurement, which covers the time before it was taken on, nor one in which it
-            // started part way through its window).
-            if !was_fresh && allowed > 1e-9 && s >= 0.5 * allowed {
-                st.started = true;
+                // Running: it used at least half of a window of this plan (not the first
+                // measurement, which covers the time before it was taken on, nor one in which
+                // it started part way through its window).
+                if !was_fresh && s >= 0.5 * allowed {
+                    st.started = true;
+                }
             }
             st.active = st.low_samples < IDLE_AFTER;
             let Some(q) = st.quota else { continue };
