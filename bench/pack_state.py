@@ -6,7 +6,8 @@ Usage: pack_state.py [--cpu-min MILLI] [--mean] STATE.csv [STATE.csv...]
 Each file is one replay's node states (`<trace>.<policy>.<seed>.state.csv`). Per node kind
 (GPUs, model, CPU) and file: the free GPU capacity in GPUs, and how much of it sits on nodes
 whose free CPU is below --cpu-min (default 2000 milli: stranded by CPU, not by GPU
-fragments), then the totals per file. Files of the same trace and seed under two policies
+fragments), then the totals per file; then per node kind the nodes whose every GPU is idle
+(what a multi-GPU pod needs). Files of the same trace and seed under two policies
 side by side show where one policy leaves capacity the other uses. With --mean, one column per
 trace and policy: the mean over its files (seeds).
 
@@ -21,8 +22,9 @@ from collections import defaultdict
 
 
 def summarize(path, cpu_min):
-    """{(gpus, model, cpu_milli): [nodes, free GPUs, free GPUs on CPU-starved nodes]}."""
-    kinds = defaultdict(lambda: [0, 0.0, 0.0])
+    """{(gpus, model, cpu_milli): [nodes, free GPUs, free GPUs on CPU-starved nodes,
+    nodes with every GPU idle]}."""
+    kinds = defaultdict(lambda: [0, 0.0, 0.0, 0])
     with open(path, newline="", encoding="utf-8") as f:
         rows = csv.DictReader(f)
         need = {"gpus", "model", "cpu_milli", "cpu_free_milli", "gpu_free_milli"}
@@ -33,7 +35,9 @@ def summarize(path, cpu_min):
             try:
                 key = (int(row["gpus"]), row["model"], int(row["cpu_milli"]))
                 cells = row["gpu_free_milli"]
-                free = sum(int(x) for x in cells.split(";")) / 1000 if cells else 0.0
+                per_gpu = [int(x) for x in cells.split(";")] if cells else []
+                free = sum(per_gpu) / 1000
+                idle = bool(per_gpu) and all(x >= 1000 for x in per_gpu)
                 starved = int(row["cpu_free_milli"]) < cpu_min
             except ValueError as e:
                 sys.exit(f"pack_state: {path} line {line}: {e}")
@@ -42,6 +46,8 @@ def summarize(path, cpu_min):
             k[1] += free
             if starved:
                 k[2] += free
+            if idle:
+                k[3] += 1
     return kinds
 
 
@@ -59,10 +65,10 @@ def main():
             groups[name.rsplit(".", 1)[0]].append(s)
         per_file = []
         for name, runs in groups.items():
-            mean = defaultdict(lambda: [0, 0.0, 0.0])
+            mean = defaultdict(lambda: [0, 0.0, 0.0, 0.0])
             for s in runs:
                 for k, v in s.items():
-                    for i in range(3):
+                    for i in range(4):
                         mean[k][i] += v[i] / len(runs)
             per_file.append((f"{name} (mean of {len(runs)})", mean))
     keys = sorted({k for _, s in per_file for k in s})
@@ -74,7 +80,7 @@ def main():
         label = f"{k[0]} x {k[1] or '-'}, {k[2] // 1000} cores"
         cells = []
         for _, s in per_file:
-            nodes, free, starved = s.get(k, [0, 0.0, 0.0])
+            nodes, free, starved, _ = s.get(k, [0, 0.0, 0.0, 0])
             cells.append(f"{free:.2f} ({starved:.2f})")
         if all(c == "0.00 (0.00)" for c in cells):
             continue
@@ -85,6 +91,17 @@ def main():
         starved = sum(v[2] for v in s.values())
         totals.append(f"{free:.2f} ({starved:.2f})")
     print(f"{'total':<28}" + "".join(f"  {c:>{width}}" for c in totals))
+    print()
+    print("nodes with every GPU idle")
+    print(f"{'node kind':<28}" + "".join(f"  {n:>{width}}" for n in names))
+    for k in keys:
+        label = f"{k[0]} x {k[1] or '-'}, {k[2] // 1000} cores"
+        cells = [f"{s.get(k, [0, 0.0, 0.0, 0])[3]:.2f}" for _, s in per_file]
+        if all(c == "0.00" for c in cells):
+            continue
+        print(f"{label:<28}" + "".join(f"  {c:>{width}}" for c in cells))
+    idle = [f"{sum(v[3] for v in s.values()):.2f}" for _, s in per_file]
+    print(f"{'total':<28}" + "".join(f"  {c:>{width}}" for c in idle))
 
 
 if __name__ == "__main__":
