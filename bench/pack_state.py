@@ -74,35 +74,35 @@ def main():
     keys = sorted({k for _, s in per_file for k in s})
     names = [n for n, _ in per_file]
     width = max(len(n) for n in names)
-    print(f"free GPU capacity in GPUs (of it: on nodes with < {args.cpu_min} milli CPU free)")
-    print(f"{'node kind':<28}" + "".join(f"  {n:>{width}}" for n in names))
-    for k in keys:
-        label = f"{k[0]} x {k[1] or '-'}, {k[2] // 1000} cores"
-        cells = []
-        for _, s in per_file:
-            nodes, free, starved, _ = s.get(k, [0, 0.0, 0.0, 0])
-            cells.append(f"{free:.2f} ({starved:.2f})")
-        if all(c == "0.00 (0.00)" for c in cells):
-            continue
-        print(f"{label:<28}" + "".join(f"  {c:>{width}}" for c in cells))
-    totals = []
-    for _, s in per_file:
-        free = sum(v[1] for v in s.values())
-        starved = sum(v[2] for v in s.values())
-        totals.append(f"{free:.2f} ({starved:.2f})")
-    print(f"{'total':<28}" + "".join(f"  {c:>{width}}" for c in totals))
-    print()
-    print("nodes with every GPU idle")
-    print(f"{'node kind':<28}" + "".join(f"  {n:>{width}}" for n in names))
-    for k in keys:
-        label = f"{k[0]} x {k[1] or '-'}, {k[2] // 1000} cores"
-        cells = [f"{s.get(k, [0, 0.0, 0.0, 0])[3]:.2f}" for _, s in per_file]
-        if all(c == "0.00" for c in cells):
-            continue
-        print(f"{label:<28}" + "".join(f"  {c:>{width}}" for c in cells))
-    idle = [f"{sum(v[3] for v in s.values()):.2f}" for _, s in per_file]
-    print(f"{'total':<28}" + "".join(f"  {c:>{width}}" for c in idle))
+    empty = [0, 0.0, 0.0, 0]
 
+    def table(title, cell, total, blank):
+        """One row per node kind (cell(counts) of each file), skipping rows that read blank in
+        every file, then the totals (total(summary) of each file)."""
+        print(title)
+        print(f"{'node kind':<28}" + "".join(f"  {n:>{width}}" for n in names))
+        for k in keys:
+            cells = [cell(s.get(k, empty)) for _, s in per_file]
+            if all(c == blank for c in cells):
+                continue
+            label = f"{k[0]} x {k[1] or '-'}, {k[2] // 1000} cores"
+            print(f"{label:<28}" + "".join(f"  {c:>{width}}" for c in cells))
+        totals = [total(s) for _, s in per_file]
+        print(f"{'total':<28}" + "".join(f"  {c:>{width}}" for c in totals))
+
+    table(
+        f"free GPU capacity in GPUs (of it: on nodes with < {args.cpu_min} milli CPU free)",
+        lambda v: f"{v[1]:.2f} ({v[2]:.2f})",
+        lambda s: f"{sum(v[1] for v in s.values()):.2f} ({sum(v[2] for v in s.values()):.2f})",
+        "0.00 (0.00)",
+    )
+    print()
+    table(
+        "nodes with every GPU idle",
+        lambda v: f"{v[3]:.2f}",
+        lambda s: f"{sum(v[3] for v in s.values()):.2f}",
+        "0.00",
+    )
 
 if __name__ == "__main__":
     main()
