@@ -92,7 +92,13 @@ pub fn run(args: &SchedulerArgs) -> anyhow::Result<()> {
         filter_best: args.filter_best,
         tls,
     };
-    let rt = tokio::runtime::Runtime::new().context("tokio runtime")?;
+    // One thread serves it all: kube-scheduler asks filter one pod at a time, and the
+    // placement state is behind one lock, so more workers only add cross-thread wake-ups
+    // (17 % less extender CPU per pod bound on the KWOK bench, BENCHMARKS.md 2026-12-06).
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("tokio runtime")?;
     rt.block_on(async {
         let client = crate::kubeclient::client(args.kubeconfig.as_deref()).await?;
         let listener = tokio::net::TcpListener::bind(args.listen)
