@@ -502,7 +502,7 @@ sandbox_s=$(((NOW_MS - s0) / 100))
 storm_missing() { # the storm pods whose sandbox is not (yet) there
     local f
     for f in "$E2E_ROOT"/s-g*.sandbox; do
-        if grep -q 'runp failed' "$f"; then basename "$f" .sandbox; fi
+        if grep -q 'runp failed' "$f" 2>/dev/null; then basename "$f" .sandbox; fi
     done
 }
 storm_ready_id() { # NAME → the id of its Ready sandbox, if any
@@ -529,12 +529,12 @@ if ((missed > 0)); then
     for p in "${pids[@]}"; do wait "$p" || true; done
 fi
 sandboxes_ok() {
-    local bad
-    local first
-    bad=$(grep -l 'runp failed' "$E2E_ROOT"/s-g*.sandbox 2>/dev/null | wc -l)
+    local missing bad first
+    missing=$(storm_missing)
+    bad=$(grep -c . <<<"$missing" || true)
     echo "$((STORM - bad)) of $STORM sandboxes in $((sandbox_s / 10)).$((sandbox_s % 10)) s"
-    first=$(grep -l 'runp failed' "$E2E_ROOT"/s-g*.sandbox 2>/dev/null | head -1)
-    [[ -z $first ]] || echo "first failure ($(basename "$first" .sandbox)): $(head -c 600 "$first")"
+    first=$(head -1 <<<"$missing")
+    [[ -z $first ]] || echo "first failure ($first): $(head -c 600 "$E2E_ROOT/$first.sandbox")"
     ((bad == 0))
 }
 e2e_require "storm: $STORM pod sandboxes ready" sandboxes_ok
