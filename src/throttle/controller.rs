@@ -1559,14 +1559,35 @@ mod tests {
         let list = h.tmp.path().join("guardian.list");
         // `true guardian --list …` exits at once: it is started again every check.
         let g = super::super::guardian::spawn(Path::new("/bin/true"), &list).unwrap();
+        wait_exited(g.child.id());
         let mut ctl = h.ctl.with_guardian(PathBuf::from("/bin/true"), g);
-        std::thread::sleep(Duration::from_millis(100));
         assert!(ctl.guardian_alive());
         assert_eq!(ctl.stats.guardian_restarts.load(Ordering::Relaxed), 1);
         let g = super::super::guardian::spawn(Path::new("/bin/true"), &list).unwrap();
+        wait_exited(g.child.id());
         let mut ctl = ctl.with_guardian(PathBuf::from("/nonexistent/gpushare"), g);
-        std::thread::sleep(Duration::from_millis(100));
         assert!(!ctl.guardian_alive(), "a guardian that cannot start");
+    }
+
+    /// Waits (10 s at most) until child `pid` has exited and is not yet reaped: a fixed sleep
+    /// is too short on a loaded host, where `/bin/true` may not have run yet.
+    fn wait_exited(pid: u32) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+            let state = stat[stat.rfind(')').unwrap() + 1..]
+                .trim_start()
+                .chars()
+                .next();
+            if state == Some('Z') {
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "pid {pid} still running: {stat}"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
     }
 
     #[test]
