@@ -234,9 +234,17 @@ async fn registers_memory_and_count_only_without_core() {
 async fn registers_once_the_kubelet_socket_appears() {
     let dir = tempfile::tempdir().unwrap();
     let plugins = start_plugins(dir.path(), true);
-    // No kubelet yet: the plugins serve and retry.
+    // No kubelet yet: the plugins serve (their socket appears; 10 s at most on a loaded
+    // host) and retry the registration meanwhile.
+    let t0 = std::time::Instant::now();
+    while !socket(dir.path(), ResourceKind::Memory).exists() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "no plugin socket after 10 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    assert!(socket(dir.path(), ResourceKind::Memory).exists());
     let mut kubelet = FakeKubelet::start(dir.path());
     let regs = kubelet.next(3).await;
     assert_eq!(regs.len(), 3);

@@ -23,6 +23,34 @@ fn wait_exit(child: &mut std::process::Child, within: Duration) -> bool {
     false
 }
 
+/// Waits (10 s at most) until process `pid` ignores SIGHUP, SIGINT and SIGTERM (its `SigIgn`
+/// mask in /proc): the guardian's first step. A fixed sleep is too short on a loaded host,
+/// where the signals would reach a guardian that has not started yet.
+fn ignores_termination_signals(pid: u32) {
+    use nix::sys::signal::Signal::{SIGHUP, SIGINT, SIGTERM};
+    // Bit n - 1 of the mask stands for signal n.
+    let want = [SIGHUP, SIGINT, SIGTERM]
+        .iter()
+        .fold(0u64, |m, &s| m | 1 << (s as i32 - 1));
+    let t0 = Instant::now();
+    loop {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+        let ignored = status
+            .lines()
+            .find_map(|l| l.strip_prefix("SigIgn:"))
+            .map(|m| u64::from_str_radix(m.trim(), 16).unwrap())
+            .unwrap();
+        if ignored & want == want {
+            return;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "the guardian does not ignore the termination signals: SigIgn {ignored:x}"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
 /// Under systemd's default `KillMode=control-group` the guardian gets SIGTERM in the same
 /// instant as the agent: it must ignore it, outlive the agent, and thaw.
 #[test]
@@ -40,7 +68,7 @@ fn the_guardian_ignores_termination_signals_until_it_has_thawed() {
         .stdin(Stdio::piped())
         .spawn()
         .unwrap();
-    std::thread::sleep(Duration::from_millis(300));
+    ignores_termination_signals(guardian.id());
     let pid = nix::unistd::Pid::from_raw(guardian.id() as i32);
     for sig in [
         nix::sys::signal::Signal::SIGTERM,
@@ -62,7 +90,7 @@ fn the_guardian_ignores_termination_signals_until_it_has_thawed() {
     stdin.write_all(b"x").unwrap();
     drop(stdin);
     assert!(
-        wait_exit(&mut guardian, Duration::from_secs(2)),
+        wait_exit(&mut guardian, Duration::from_secs(10)),
         "guardian did not exit"
     );
     assert_eq!(
