@@ -15,8 +15,9 @@ Standard library only. Subcommands:
                                Trace::arrivals) up to LOAD % arrived GPU demand, as
                                memory-only GPU-share pods in MiB (see bench/cluster.sh)
   run PODS RESULT [--parallel P]  create PODS (JSON lines) in namespace `bench`, P at a time
-                               (1: strictly in order), until each is bound or the scheduler
-                               has tried it; writes timings to RESULT
+                               (1: strictly in order; 0: in order, each bound or refused
+                               before the next is created), until each is bound or the
+                               scheduler has tried it; writes timings to RESULT
   create DOCS [--parallel P]   create the Nodes / Pods of DOCS (JSON lines)
   check-share NODES PODS OUT   over-committed GPUs from the pods' gpushare.io/assignment
                                annotations (NODES, PODS: `kubectl get -o json` output)
@@ -342,6 +343,8 @@ class Watch(threading.Thread):
 
 def cmd_run(pods_file, result, parallel=8, timeout=1800):
     parallel = int(parallel)
+    # 0: one at a time, each waited for (bound or refused) before the next is created.
+    serial = parallel == 0
     docs = [line.rstrip("\n") for line in open(pods_file) if line.strip()]
     names = [json.loads(d)["metadata"]["name"] for d in docs]
     c = conn()
@@ -379,6 +382,14 @@ def cmd_run(pods_file, result, parallel=8, timeout=1800):
                 if st != 201:
                     errors.append(f"HTTP {st}: {data[:200]!r}")
                 created[0] += 1
+            if serial and st == 201:
+                # Each pod bound or refused before the next is created (10 s at most).
+                name = json.loads(d)["metadata"]["name"]
+                until = time.monotonic() + 10
+                with w.cond:
+                    while (name not in w.bound and name not in w.unsched
+                           and time.monotonic() < until and not w.error):
+                        w.cond.wait(0.5)
 
     t0 = time.monotonic()
     threads = [threading.Thread(target=worker) for _ in range(max(1, parallel))]

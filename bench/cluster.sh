@@ -13,7 +13,9 @@
 #   (b) packing: the openb default pod list in the arrival order of `gpushare simulate` for
 #       BENCH_SEED (42) up to BENCH_LOAD (100) % arrived GPU demand, created one at a time in
 #       that order; the unallocated GPU % compared with `gpushare simulate` for the same seed
-#       and policy gpushare.
+#       and policy gpushare (the goal's figure), and with `gpushare simulate --as-extender`
+#       (shapes learned as the extender learns them, ties by node name, the same node search):
+#       the simulator's prediction of this cluster (simulate_as_extender in b.json).
 #
 # Shape of the cluster (what differs from a production one, and why):
 #   - the memory resource is counted in MiB (extender --memory-unit MiB; node allocatable
@@ -42,13 +44,16 @@
 # too, as the simulator's policy does; 0: only GPU pods, the others left to NodeResourcesFit),
 # BENCH_FILTER_BEST (the extender's --filter-best: filter answers only the N nodes the policy
 # ranks best; 1, the default; 0: every fitting node, kube-scheduler scores them),
+# BENCH_TRACE_PARALLEL ((b): pod creations in flight, 1 (default): one at a time, in order,
+# without waiting; 0: each pod bound or refused before the next is created),
 # BENCH_TRACE_SCORE_PCT ((b): kube-scheduler's percentageOfNodesToScore, 100 (default): every
 # feasible node reaches the extender; `default`: unset, kube-scheduler's adaptive share,
 # about 40 % of 1,213 nodes, stops its search there), BENCH_A_SCORE_PCT / BENCH_A_BASE_SCORE_PCT
 # ((a): percentageOfNodesToScore for the runs with / without the extender; unset (default):
 # the adaptive share; kube-scheduler never stops before 100 feasible nodes),
 # GPUSHARE_BIN (target/release/gpushare; copied to ROOT first), BENCH_OUT
-# (target/bench/cluster), BENCH_KEEP_LOGS=1 (copy the components' logs to BENCH_OUT/logs),
+# (target/bench/cluster), BENCH_KEEP_LOGS=1 (copy the components' logs, and (b)'s pods and
+# nodes, to BENCH_OUT/logs),
 # BENCH_PROFILE=SECONDS ((a): kube-scheduler's CPU profile over the first SECONDS of each run
 # into BENCH_OUT/a-{plain,share-alone,extender}-scheduler.pprof and the API server's into
 # a-*-apiserver.pprof, kube-scheduler's metrics after the run into a-*-scheduler-metrics.txt;
@@ -559,12 +564,16 @@ if [[ ,$BENCH_PARTS, == *,b,* ]]; then
     start_extender
     start_scheduler 1 1
     measure "(b) openb default, seed $BENCH_SEED, up to $BENCH_LOAD % arrived load, in order" \
-        "$root/pods-trace.jsonl" "$BENCH_OUT/b-run.json" --parallel 1 --timeout 3600
+        "$root/pods-trace.jsonl" "$BENCH_OUT/b-run.json" --parallel "${BENCH_TRACE_PARALLEL:-1}" --timeout 3600
     curl -fs "http://127.0.0.1:$EXT_PORT/metrics" >"$BENCH_OUT/b-extender-metrics.txt" || true
     k8s_kubectl get nodes -l type=kwok --chunk-size=0 -o json >"$root/nodes.json"
     k8s_kubectl -n bench get pods --chunk-size=0 -o json >"$root/pods.json"
     "${PY[@]}" check-trace "$root/pods-trace.jsonl.meta.json" "$root/pods.json" "$root/nodes.json" \
         "$BENCH_OUT/b-cluster.json"
+    if [[ ${BENCH_KEEP_LOGS:-0} == 1 ]]; then
+        mkdir -p "$BENCH_OUT/logs" && cp -f "$root/pods-trace.jsonl" "$root/pods-trace.jsonl.meta.json" \
+            "$root/pods.json" "$root/nodes.json" "$BENCH_OUT/logs/"
+    fi
     "$root/gpushare" simulate --nodes "$TRACE_DIR/openb_node_list_gpu_node.csv" \
         --pods "$TRACE_DIR/openb_pod_list_default.csv" --policy "$BENCH_POLICY" --seeds 1 \
         --seed-base "$BENCH_SEED" --max-load "$BENCH_LOAD" --json --out "$BENCH_OUT/simulate" \
@@ -572,21 +581,46 @@ if [[ ,$BENCH_PARTS, == *,b,* ]]; then
     sim=$(find "$BENCH_OUT/simulate" -name '*.json' | head -1)
     [[ -n $sim ]] || die "gpushare simulate wrote no JSON under $BENCH_OUT/simulate"
     cp "$sim" "$BENCH_OUT/b-simulate.json"
+    # The same replay deciding as the extender does (shapes learned from the pods placed,
+    # ties by node name), behind the same node search as kube-scheduler's: what the
+    # simulator predicts for this cluster, beside its oracle figure above.
+    search=()
+    if [[ $BENCH_TRACE_SCORE_PCT != 100 ]]; then
+        nodes=$(($(wc -l <"$TRACE_DIR/openb_node_list_gpu_node.csv") - 1))
+        pct=$BENCH_TRACE_SCORE_PCT
+        if [[ $pct == default ]]; then # kube-scheduler's adaptive share: 50 % less 1 per 125 nodes, 5 at least
+            pct=$((50 - nodes / 125))
+            if ((pct < 5)); then pct=5; fi
+        fi
+        len=$((nodes * pct / 100))
+        if ((len < 100)); then len=100; fi # it never stops before 100 nodes
+        search=(--search-nodes "$len")
+    fi
+    "$root/gpushare" simulate --nodes "$TRACE_DIR/openb_node_list_gpu_node.csv" \
+        --pods "$TRACE_DIR/openb_pod_list_default.csv" --policy "$BENCH_POLICY" --seeds 1 \
+        --seed-base "$BENCH_SEED" --max-load "$BENCH_LOAD" --json --as-extender "${search[@]}" \
+        --out "$BENCH_OUT/simulate-as-extender" >"$BENCH_OUT/simulate-as-extender.out" 2>&1 ||
+        die "gpushare simulate --as-extender failed: $(tail -5 "$BENCH_OUT/simulate-as-extender.out")"
+    cp "$(find "$BENCH_OUT/simulate-as-extender" -name '*.json' | head -1)" "$BENCH_OUT/b-simulate-as-extender.json"
     jq -n --slurpfile c "$BENCH_OUT/b-cluster.json" --slurpfile s "$BENCH_OUT/b-simulate.json" \
-        --arg l "$BENCH_LOAD" \
-        '($s[0].results[0]) as $r |
+        --slurpfile x "$BENCH_OUT/b-simulate-as-extender.json" --arg l "$BENCH_LOAD" \
+        '($s[0].results[0]) as $r | ($x[0].results[0]) as $e |
          {policy: $r.policy, seed: $c[0].seed, load_pct: ($l|tonumber), pods: $c[0].pods,
           simulate_attempts: $r.attempts,
           cluster_failed: $c[0].failed, simulate_failed: $r.failed,
           cluster_unallocated_pct: $c[0].unallocated_at_load_pct[$l],
           simulate_unallocated_pct: $r.unallocated_pct[$l].median,
           diff_points: ((($c[0].unallocated_at_load_pct[$l] - $r.unallocated_pct[$l].median) * 100 | round) / 100),
-          goal_points: 0.5, overcommitted_gpus: $c[0].overcommitted_gpus}' >"$BENCH_OUT/b.json"
+          goal_points: 0.5, overcommitted_gpus: $c[0].overcommitted_gpus,
+          simulate_as_extender: {search_nodes: $x[0].search_nodes, failed: $e.failed,
+            unallocated_pct: $e.unallocated_pct[$l].median,
+            diff_points: ((($c[0].unallocated_at_load_pct[$l] - $e.unallocated_pct[$l].median) * 100 | round) / 100)}}' >"$BENCH_OUT/b.json"
     log "(b) $(jq -c . "$BENCH_OUT/b.json")"
     add b "$BENCH_OUT/b.json"
     add b_cluster "$BENCH_OUT/b-cluster.json"
     add b_run "$BENCH_OUT/b-run.json"
     add b_simulate "$BENCH_OUT/b-simulate.json"
+    add b_simulate_as_extender "$BENCH_OUT/b-simulate-as-extender.json"
 fi
 jq --arg l "$(load_avg)" '.machine.load_at_end = $l' "$summary" >"$summary.tmp" && mv "$summary.tmp" "$summary"
 log "results in $BENCH_OUT (summary.json)"

@@ -374,3 +374,77 @@ fn a_search_window_as_large_as_the_cluster_replays_as_every_node() {
     assert_eq!(report.json()["search_nodes"], 2);
     assert!(run_trace(&t, &policies, &[42], 130, 1).unwrap().json()["search_nodes"].is_null());
 }
+
+/// `--as-extender`: ties go to the node first by name, as in the extender, whatever the node
+/// list's order and the seed; and the typical shapes are learned from the placed pods (the
+/// extender's `ShapeLearner`), so the replay differs from the one that knows the whole list.
+#[test]
+fn as_the_extender_ties_go_by_node_name_and_the_shapes_are_learned() {
+    // Three identical one-GPU nodes, listed against name order.
+    let nodes: Vec<NodeSpec> = ["n2", "n1", "n0"]
+        .iter()
+        .map(|n| {
+            NodeSpec::uniform(
+                n.to_string(),
+                16_000,
+                65_536,
+                1,
+                TRACE_GPU_MEMORY_MIB,
+                "G2",
+                ScheduleMode::CoreMem,
+            )
+        })
+        .collect();
+    let pods: Vec<TracePod> = (0..3)
+        .map(|i| TracePod {
+            name: format!("p{i}"),
+            cpu_milli: 1000,
+            memory_mib: 1000,
+            num_gpu: 1,
+            gpu_milli: 1000,
+            gpu_spec: Vec::new(),
+        })
+        .collect();
+    let t = Trace::new("ties", nodes, pods, 0.95);
+    // The state once the first pod (a third of the capacity) has been placed.
+    let first_on = |as_extender: bool, seed: u64| {
+        let opts = ReplayOptions {
+            learn_shapes: as_extender,
+            ties_by_name: as_extender,
+            state_at: Some(34),
+            ..ReplayOptions::default()
+        };
+        let run = replay_with(&t, "gpushare", seed, 100, &opts).unwrap();
+        let state = run.state.expect("state asked for").nodes;
+        let used: Vec<String> = state
+            .lines()
+            .skip(1)
+            .filter(|l| l.split(',').nth(7) == Some("1"))
+            .map(|l| l.split(',').next().unwrap().to_string())
+            .collect();
+        assert_eq!(used.len(), 1, "{state}");
+        used[0].clone()
+    };
+    for seed in 42..52 {
+        assert_eq!(first_on(true, seed), "n0", "seed {seed}");
+    }
+    // The simulator's own ties follow a random order per seed.
+    let others: Vec<String> = (42..52).map(|s| first_on(false, s)).collect();
+    assert!(others.iter().any(|n| n != "n0"), "{others:?}");
+
+    // Learned shapes, ties alike: on the synthetic trace the pods land elsewhere than with
+    // the whole list's shapes, and the nodes never hold more than they have.
+    let s = synthetic();
+    let at_end = |learn_shapes: bool| {
+        let opts = ReplayOptions {
+            learn_shapes,
+            ties_by_name: true,
+            state_at: Some(130),
+            ..ReplayOptions::default()
+        };
+        let run = replay_with(&s, "gpushare", 42, 130, &opts).unwrap();
+        assert!(run.allocated_pct.iter().flatten().all(|&a| a <= 100.0));
+        run.state.expect("state asked for").nodes
+    };
+    assert_ne!(at_end(true), at_end(false));
+}

@@ -79,6 +79,13 @@ pub struct SimulateArgs {
     /// pod fits. Unset: the policy chooses among every node.
     #[arg(long, value_name = "N")]
     pub search_nodes: Option<usize>,
+    /// Decide as the scheduler extender does, to predict a real cluster: the policy's
+    /// typical shapes are learned from the GPU pods placed so far (none at first; refreshed
+    /// after 8, 16, … 2,048 pods, then every 2,048, from the last 4,096) instead of taken
+    /// from the whole pod list, and ties go to the node first by name instead of a random
+    /// node order per seed.
+    #[arg(long)]
+    pub as_extender: bool,
     /// Replays run in parallel (decision times are cleanest with 1).
     #[arg(long, default_value_t = 1)]
     pub jobs: usize,
@@ -106,6 +113,8 @@ pub fn run(args: &SimulateArgs) -> anyhow::Result<()> {
     let opts = simulate::ReplayOptions {
         state_at: args.state_at,
         search_nodes: args.search_nodes,
+        learn_shapes: args.as_extender,
+        ties_by_name: args.as_extender,
     };
     let seeds: Vec<u64> = (0..args.seeds).map(|i| args.seed_base + i).collect();
     std::fs::create_dir_all(&args.out)

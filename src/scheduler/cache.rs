@@ -23,7 +23,7 @@ use gpushare_core::placement::{
     Engine, GpuDemand, GpuSet, GpuSpec, NodeSpec, Placement, Reject, Request, RequestKey, Why,
     by_name,
 };
-use gpushare_core::placement::{Workload, model::ScheduleMode};
+use gpushare_core::placement::{ShapeLearner, Workload, model::ScheduleMode};
 use gpushare_core::request::node::{NODE_GPUS_ANNOTATION, NodeGpusError};
 use gpushare_core::request::{
     ASSIGNMENT_ANNOTATION, Assignment, MAX_ANNOTATION_BYTES, ResourceNames,
@@ -130,13 +130,10 @@ pub struct Cluster {
     allocations: HashMap<String, Allocation>,
     assume_ttl: Duration,
     /// Requests of recent GPU pods (the typical shapes of the `gpushare` and `fgd` policies).
-    recent: Vec<Request>,
+    recent: ShapeLearner,
     /// Bound pods without GPUs, by UID: node, CPU (milli) and memory (MiB) they take, so the
     /// engine sees each node's CPU and memory as kube-scheduler does.
     host_pods: HashMap<String, (String, u64, u64)>,
-    /// Pods reserved since start: the typical shapes are refreshed (the engine rebuilt) as
-    /// they accumulate ([`shapes_due`]).
-    reserved: u64,
     rebuilds: u64,
     /// Node changes not yet in the engine.
     pending: bool,
@@ -357,9 +354,8 @@ impl Cluster {
             uuids: HashMap::new(),
             allocations: HashMap::new(),
             assume_ttl,
-            recent: Vec::new(),
+            recent: ShapeLearner::default(),
             host_pods: HashMap::new(),
-            reserved: 0,
             rebuilds: 0,
             pending: false,
             generation: 0,
@@ -406,13 +402,13 @@ impl Cluster {
         self.pending = false;
         // Until this extender has reserved pods itself (after a restart), the pods it found
         // holding GPUs are the best guess of the workload.
-        let basis: Vec<Request> = if self.recent.is_empty() {
+        let basis: Vec<Request> = if self.recent.recent().is_empty() {
             self.allocations.values().map(request_of).collect()
         } else {
             Vec::new()
         };
         let shapes_from = if basis.is_empty() {
-            &self.recent
+            self.recent.recent()
         } else {
             &basis
         };
@@ -931,12 +927,7 @@ impl Cluster {
             since: Instant::now(),
         };
         self.allocations.insert(uid, allocation.clone());
-        self.recent.push(demand.request.clone());
-        if self.recent.len() > RECENT {
-            self.recent.drain(..RECENT / 2);
-        }
-        self.reserved += 1;
-        if shapes_due(self.reserved) {
+        if self.recent.record(&demand.request) {
             // Picked up by the next decision's flush: the engine is rebuilt with the shapes.
             self.pending = true;
         }
@@ -1008,22 +999,6 @@ impl Cluster {
                 )
             })
             .collect()
-    }
-}
-
-/// How many recent requests the typical shapes are drawn from.
-const RECENT: usize = 4096;
-
-/// Whether the typical shapes are refreshed after the `n`-th reservation: at 8, 16, 32, …
-/// while the window fills (the first pods change the estimate most), then every
-/// `RECENT / 2` pods. A refresh rebuilds the engine: it re-applies every allocation and
-/// empties the score cache, so it is kept rare.
-fn shapes_due(n: u64) -> bool {
-    let half = (RECENT / 2) as u64;
-    if n < half {
-        n >= 8 && n.is_power_of_two()
-    } else {
-        n.is_multiple_of(half)
     }
 }
 
@@ -1432,12 +1407,6 @@ mod tests {
             .limits = None;
         let p = c.priorities(&plain, &names(&["a", "b", "x"]));
         assert!(p[1] > p[0] && p[2] >= p[1], "{p:?}");
-    }
-
-    #[test]
-    fn shapes_are_refreshed_often_at_first_then_every_half_window() {
-        let due: Vec<u64> = (1..=6144).filter(|&n| shapes_due(n)).collect();
-        assert_eq!(due, [8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 6144]);
     }
 
     #[test]

@@ -129,6 +129,7 @@ fn run_seeds(
     let mut report = TraceReport::new(trace, seeds.to_vec(), results);
     report.states = states;
     report.search_nodes = opts.search_nodes;
+    report.as_extender = opts.as_extender();
     Ok(report)
 }
 

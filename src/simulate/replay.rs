@@ -9,7 +9,8 @@ use std::time::Instant;
 use super::rng::Rng;
 use super::trace::TracePod;
 use gpushare_core::placement::{
-    Engine, NodeSpec, NodeState, Request, UnknownPolicy, Workload, by_name,
+    Engine, GpuDemand, NodeSpec, NodeState, Placement, Request, ShapeLearner, UnknownPolicy,
+    Workload, by_name,
 };
 
 /// A trace ready to replay.
@@ -126,7 +127,22 @@ pub struct ReplayOptions {
     /// the first this many nodes that pass kube-scheduler's own filter, from where the last
     /// search stopped. `None`: the best of every node.
     pub search_nodes: Option<usize>,
+    /// The typical shapes learned from the GPU pods placed so far, as the scheduler extender
+    /// learns them ([`ShapeLearner`]: none at first), instead of the whole trace's.
+    pub learn_shapes: bool,
+    /// Ties to the node first by name (the extender's) instead of the seed's random order.
+    pub ties_by_name: bool,
 }
+
+impl ReplayOptions {
+    /// Deciding as the scheduler extender does (`simulate --as-extender`).
+    pub fn as_extender(&self) -> bool {
+        self.learn_shapes && self.ties_by_name
+    }
+}
+
+/// The coverage of the extender's learned shapes (`src/scheduler/cache.rs`).
+const EXTENDER_COVERAGE: f64 = 0.95;
 
 /// Replays `trace` with `policy` for `seed`, up to `max_load_pct` % arrived load.
 pub fn replay(
@@ -164,8 +180,22 @@ pub fn replay_with(
 ) -> Result<Run, UnknownPolicy> {
     let state_at = opts.state_at;
     let mut search_start = 0usize;
-    let mut engine = Engine::new(trace.nodes.clone(), by_name(policy, &trace.workload)?);
-    engine.set_tie_order(trace.tie_order(seed));
+    let tie_order = if opts.ties_by_name {
+        let mut order: Vec<usize> = (0..trace.nodes.len()).collect();
+        order.sort_by(|&a, &b| trace.nodes[a].name.cmp(&trace.nodes[b].name));
+        order
+    } else {
+        trace.tie_order(seed)
+    };
+    let mut learner = opts.learn_shapes.then(ShapeLearner::default);
+    let workload = match &learner {
+        Some(l) => l.workload(EXTENDER_COVERAGE),
+        None => trace.workload.clone(),
+    };
+    let mut engine = Engine::new(trace.nodes.clone(), by_name(policy, &workload)?);
+    engine.set_tie_order(tie_order.clone());
+    // What the engine holds, to commit again when the learned shapes rebuild it.
+    let mut placed: Vec<(usize, Placement)> = Vec::new();
     let seq = trace.arrivals(seed, max_load_pct);
     let cap = trace.capacity as f64;
     let mut sums = vec![(0.0f64, 0u32); max_load_pct as usize + 2];
@@ -187,16 +217,29 @@ pub fn replay_with(
             });
         }
         let t = Instant::now();
-        let ok = match opts.search_nodes {
-            None => engine.place(req).is_ok(),
-            Some(window) => match engine.decide_within(req, window, &mut search_start) {
-                Ok(p) => {
-                    engine.commit(req, p);
-                    true
-                }
-                Err(_) => false,
-            },
+        let decided = match opts.search_nodes {
+            None => engine.decide(req),
+            Some(window) => engine.decide_within(req, window, &mut search_start),
         };
+        let ok = decided.is_ok();
+        if let Ok(p) = decided {
+            engine.commit(req, p);
+            if let Some(l) = learner.as_mut() {
+                placed.push((i, p));
+                // The extender learns from the GPU pods it reserves, and rebuilds its engine
+                // (before its next decision) when the shapes are due.
+                if !matches!(req.gpu, GpuDemand::None) && l.record(req) {
+                    engine = Engine::new(
+                        trace.nodes.clone(),
+                        by_name(policy, &l.workload(EXTENDER_COVERAGE))?,
+                    );
+                    engine.set_tie_order(tie_order.clone());
+                    for &(j, q) in &placed {
+                        engine.commit(&trace.requests[j], q);
+                    }
+                }
+            }
+        }
         decision_ns.push(t.elapsed().as_nanos() as u64);
         arrived += d;
         if ok {

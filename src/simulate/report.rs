@@ -177,6 +177,8 @@ pub struct TraceReport {
     pub states: Vec<(String, u64, super::StateAt)>,
     /// The replays' `opts.search_nodes` (`None`: every node a candidate).
     pub search_nodes: Option<usize>,
+    /// The replays' `opts.as_extender`.
+    pub as_extender: bool,
 }
 
 impl TraceReport {
@@ -191,6 +193,7 @@ impl TraceReport {
             results,
             states: Vec::new(),
             search_nodes: None,
+            as_extender: false,
         }
     }
 
@@ -213,6 +216,7 @@ impl TraceReport {
             "typical_shapes": self.shapes,
             "seeds": self.seeds,
             "search_nodes": self.search_nodes,
+            "as_extender": self.as_extender,
             "results": self.results.iter().map(PolicyResult::json).collect::<Vec<_>>(),
             "published": published,
         })

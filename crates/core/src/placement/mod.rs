@@ -25,4 +25,4 @@ pub use model::{
 pub use policy::{Choice, POLICIES, PlacementPolicy, UnknownPolicy, by_name};
 pub use reject::{Reject, Unschedulable, Why};
 pub use state::{GpuSet, GpuState, NodeState};
-pub use workload::{Shape, Workload};
+pub use workload::{Shape, ShapeLearner, Workload};

@@ -29,6 +29,53 @@ impl Shape {
     }
 }
 
+/// The typical shapes as the scheduler extender learns them while it places pods: from the
+/// GPU pods it reserved (the last [`ShapeLearner::WINDOW`] at most), refreshed after the 8th,
+/// 16th, 32nd … reservation while the window fills (the first pods change the estimate
+/// most), then every half window. A refresh rebuilds the extender's engine, so it is kept
+/// rare. `gpushare simulate --as-extender` learns the same way.
+#[derive(Debug, Clone, Default)]
+pub struct ShapeLearner {
+    recent: Vec<Request>,
+    reserved: u64,
+}
+
+impl ShapeLearner {
+    /// How many recent requests the typical shapes are drawn from.
+    pub const WINDOW: usize = 4096;
+
+    /// Records a reserved GPU pod's request. True when the typical shapes are due for a
+    /// refresh ([`ShapeLearner::workload`]).
+    pub fn record(&mut self, r: &Request) -> bool {
+        self.recent.push(r.clone());
+        if self.recent.len() > Self::WINDOW {
+            self.recent.drain(..Self::WINDOW / 2);
+        }
+        self.reserved += 1;
+        Self::due(self.reserved)
+    }
+
+    /// Whether the shapes are refreshed after the `n`-th reservation.
+    pub fn due(n: u64) -> bool {
+        let half = (Self::WINDOW / 2) as u64;
+        if n < half {
+            n >= 8 && n.is_power_of_two()
+        } else {
+            n.is_multiple_of(half)
+        }
+    }
+
+    /// The requests the shapes are drawn from, oldest first.
+    pub fn recent(&self) -> &[Request] {
+        &self.recent
+    }
+
+    /// The typical shapes of the recent requests ([`Workload::from_requests`]).
+    pub fn workload(&self, coverage: f64) -> Workload {
+        Workload::from_requests(&self.recent, coverage)
+    }
+}
+
 /// Typical shapes, most frequent first, probabilities summing to 1 (empty: nothing known).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Workload {
@@ -102,6 +149,32 @@ impl Workload {
 mod tests {
     use super::*;
     use crate::placement::model::tests::share;
+
+    #[test]
+    fn learned_shapes_are_refreshed_often_at_first_then_every_half_window() {
+        let due: Vec<u64> = (1..=6144).filter(|&n| ShapeLearner::due(n)).collect();
+        assert_eq!(due, [8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 6144]);
+        let mut l = ShapeLearner::default();
+        assert!(l.workload(0.95).shapes.is_empty(), "nothing known at first");
+        let mut refreshes = Vec::new();
+        for n in 1..=ShapeLearner::WINDOW as u64 + 1 {
+            // 500-milli shares first, then 250-milli ones.
+            let r = if n <= 2048 {
+                share(4000, 500)
+            } else {
+                share(2000, 250)
+            };
+            if l.record(&r) {
+                refreshes.push(n);
+            }
+        }
+        assert_eq!(refreshes, [8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096]);
+        // Past the window, the older half is dropped: only the recent 250-milli pods remain.
+        assert_eq!(l.recent().len(), ShapeLearner::WINDOW / 2 + 1);
+        let w = l.workload(0.95);
+        assert_eq!(w.shapes.len(), 1, "{w:?}");
+        assert_eq!(w.shapes[0].gpu_milli(), 250);
+    }
 
     #[test]
     fn keeps_the_most_frequent_shapes_covering_the_threshold() {
