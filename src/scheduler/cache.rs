@@ -688,7 +688,13 @@ impl Cluster {
                         ok.iter().map(|n| self.engine.node_id(n)).collect();
                     let request = self.host_request(pod);
                     let scores = self.raw_scores(&request, &ids);
-                    ok = best_of(ok, &scores, self.filter_best);
+                    // Among equals the lowest node id (name order), as for GPU pods and as
+                    // the simulator's `--as-extender`, not kube-scheduler's list order.
+                    let mut by_id: Vec<usize> = (0..ok.len()).collect();
+                    by_id.sort_by_key(|&i| ids[i].unwrap_or(usize::MAX));
+                    let sorted: Vec<Option<f64>> = by_id.iter().map(|&i| scores[i]).collect();
+                    let keep = best_of(by_id, &sorted, self.filter_best);
+                    ok = keep.iter().map(|&i| ok[i]).collect();
                 }
                 out.node_names = Some(ok);
                 return out;
@@ -1647,6 +1653,20 @@ mod tests {
         plain.spec.as_mut().unwrap().containers[0].resources = None;
         let p = mk(1).filter(&plain, &names(&["a", "other"]));
         assert_eq!(p.node_names.unwrap(), names(&["other"]));
+        // Among equal nodes, the first by name, whatever kube-scheduler's order.
+        let mut twins = Cluster::new(
+            "gpushare",
+            ResourceNames::default(),
+            Duration::from_secs(60),
+        );
+        twins.set_filter_best(1);
+        for n in ["n1", "n2", "n0"] {
+            twins.set_node(&node(n, 2, "core_mem", "binpack"));
+        }
+        let p = twins.filter(&plain, &names(&["n2", "n0", "n1"]));
+        assert_eq!(p.node_names.unwrap(), names(&["n0"]));
+        let p = twins.filter(&q, &names(&["n2", "n1", "n0"]));
+        assert_eq!(p.node_names.unwrap(), names(&["n0"]));
     }
 
     #[test]
