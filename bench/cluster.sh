@@ -574,13 +574,20 @@ if [[ ,$BENCH_PARTS, == *,b,* ]]; then
         mkdir -p "$BENCH_OUT/logs" && cp -f "$root/pods-trace.jsonl" "$root/pods-trace.jsonl.meta.json" \
             "$root/pods.json" "$root/nodes.json" "$BENCH_OUT/logs/"
     fi
-    "$root/gpushare" simulate --nodes "$TRACE_DIR/openb_node_list_gpu_node.csv" \
-        --pods "$TRACE_DIR/openb_pod_list_default.csv" --policy "$BENCH_POLICY" --seeds 1 \
-        --seed-base "$BENCH_SEED" --max-load "$BENCH_LOAD" --json --out "$BENCH_OUT/simulate" \
-        >"$BENCH_OUT/simulate.out" 2>&1 || die "gpushare simulate failed: $(tail -5 "$BENCH_OUT/simulate.out")"
-    sim=$(find "$BENCH_OUT/simulate" -name '*.json' | head -1)
-    [[ -n $sim ]] || die "gpushare simulate wrote no JSON under $BENCH_OUT/simulate"
-    cp "$sim" "$BENCH_OUT/b-simulate.json"
+    # `gpushare simulate` of the same trace, seed and load into BENCH_OUT/NAME, its JSON copied
+    # to BENCH_OUT/b-NAME.json; the arguments after NAME are added to the command.
+    simulate_b() {
+        local name=$1 sim
+        shift
+        "$root/gpushare" simulate --nodes "$TRACE_DIR/openb_node_list_gpu_node.csv" \
+            --pods "$TRACE_DIR/openb_pod_list_default.csv" --policy "$BENCH_POLICY" --seeds 1 \
+            --seed-base "$BENCH_SEED" --max-load "$BENCH_LOAD" --json "$@" --out "$BENCH_OUT/$name" \
+            >"$BENCH_OUT/$name.out" 2>&1 || die "gpushare simulate $* failed: $(tail -5 "$BENCH_OUT/$name.out")"
+        sim=$(find "$BENCH_OUT/$name" -name '*.json' | head -1)
+        [[ -n $sim ]] || die "gpushare simulate wrote no JSON under $BENCH_OUT/$name"
+        cp "$sim" "$BENCH_OUT/b-$name.json"
+    }
+    simulate_b simulate
     # The same replay deciding as the extender does (shapes learned from the pods placed,
     # ties by node name), behind the same node search as kube-scheduler's: what the
     # simulator predicts for this cluster, beside its oracle figure above.
@@ -596,12 +603,7 @@ if [[ ,$BENCH_PARTS, == *,b,* ]]; then
         if ((len < 100)); then len=100; fi # it never stops before 100 nodes
         search=(--search-nodes "$len")
     fi
-    "$root/gpushare" simulate --nodes "$TRACE_DIR/openb_node_list_gpu_node.csv" \
-        --pods "$TRACE_DIR/openb_pod_list_default.csv" --policy "$BENCH_POLICY" --seeds 1 \
-        --seed-base "$BENCH_SEED" --max-load "$BENCH_LOAD" --json --as-extender "${search[@]}" \
-        --out "$BENCH_OUT/simulate-as-extender" >"$BENCH_OUT/simulate-as-extender.out" 2>&1 ||
-        die "gpushare simulate --as-extender failed: $(tail -5 "$BENCH_OUT/simulate-as-extender.out")"
-    cp "$(find "$BENCH_OUT/simulate-as-extender" -name '*.json' | head -1)" "$BENCH_OUT/b-simulate-as-extender.json"
+    simulate_b simulate-as-extender --as-extender "${search[@]}"
     jq -n --slurpfile c "$BENCH_OUT/b-cluster.json" --slurpfile s "$BENCH_OUT/b-simulate.json" \
         --slurpfile x "$BENCH_OUT/b-simulate-as-extender.json" --arg l "$BENCH_LOAD" \
         '($s[0].results[0]) as $r | ($x[0].results[0]) as $e |
