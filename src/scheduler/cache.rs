@@ -249,7 +249,7 @@ fn engine_for(
     recent: &[Request],
 ) -> Engine {
     let specs: Vec<NodeSpec> = nodes.values().filter_map(|n| n.clone().ok()).collect();
-    let workload = Workload::from_requests(recent, 0.95);
+    let workload = Workload::from_requests(recent, ShapeLearner::COVERAGE);
     let p = by_name(policy, &workload).expect("policy checked at start-up");
     let mut engine = Engine::new(specs, p);
     // A request shape not scored since many nodes changed (a new shape, or any shape after
@@ -688,12 +688,8 @@ impl Cluster {
                         ok.iter().map(|n| self.engine.node_id(n)).collect();
                     let request = self.host_request(pod);
                     let scores = self.raw_scores(&request, &ids);
-                    // Among equals the lowest node id (name order), as for GPU pods and as
-                    // the simulator's `--as-extender`, not kube-scheduler's list order.
-                    let mut by_id: Vec<usize> = (0..ok.len()).collect();
-                    by_id.sort_by_key(|&i| ids[i].unwrap_or(usize::MAX));
-                    let sorted: Vec<Option<f64>> = by_id.iter().map(|&i| scores[i]).collect();
-                    let keep = best_of(by_id, &sorted, self.filter_best);
+                    let keep =
+                        best_by_id(&scores, |i| ids[i].unwrap_or(usize::MAX), self.filter_best);
                     ok = keep.iter().map(|&i| ok[i]).collect();
                 }
                 out.node_names = Some(ok);
@@ -759,11 +755,7 @@ impl Cluster {
                 .iter()
                 .map(|&id| scorer.choice(id as usize).map(|c| c.score))
                 .collect();
-            // Among equals the lowest node id (name order), as the simulator's node order.
-            let mut by_id: Vec<usize> = (0..ok.len()).collect();
-            by_id.sort_by_key(|&i| ids[i]);
-            let sorted: Vec<Option<f64>> = by_id.iter().map(|&i| scores[i]).collect();
-            let keep = best_of(by_id, &sorted, self.filter_best);
+            let keep = best_by_id(&scores, |i| ids[i] as usize, self.filter_best);
             ok = keep.iter().map(|&i| ok[i]).collect();
             ids = keep.iter().map(|&i| ids[i]).collect();
         }
@@ -1008,27 +1000,22 @@ impl Cluster {
     }
 }
 
-/// The `n` items with the highest scores (`None` lowest), earlier items first among equals,
-/// in their original order.
-fn best_of<T>(items: Vec<T>, scores: &[Option<f64>], n: usize) -> Vec<T> {
-    let mut order: Vec<usize> = (0..items.len()).collect();
-    let key = |i: usize| {
-        scores
-            .get(i)
-            .copied()
-            .flatten()
-            .unwrap_or(f64::NEG_INFINITY)
-    };
-    order.sort_by(|&a, &b| key(b).total_cmp(&key(a)));
-    let mut keep = vec![false; items.len()];
-    for &i in order.iter().take(n) {
+/// The indices of the `n` best of `scores` (a missing score is worst), in the order of
+/// `node_id(index)`. Among equal scores the lowest node id (name order) is kept: the
+/// simulator's node order (`--as-extender`), not kube-scheduler's list order.
+fn best_by_id(scores: &[Option<f64>], node_id: impl Fn(usize) -> usize, n: usize) -> Vec<usize> {
+    let mut by_id: Vec<usize> = (0..scores.len()).collect();
+    by_id.sort_by_key(|&i| node_id(i));
+    let key = |i: usize| scores[i].unwrap_or(f64::NEG_INFINITY);
+    // Stable: equal scores stay in id order.
+    let mut best = by_id.clone();
+    best.sort_by(|&a, &b| key(b).total_cmp(&key(a)));
+    let mut keep = vec![false; scores.len()];
+    for &i in best.iter().take(n) {
         keep[i] = true;
     }
-    items
-        .into_iter()
-        .zip(keep)
-        .filter_map(|(t, k)| k.then_some(t))
-        .collect()
+    by_id.retain(|&i| keep[i]);
+    by_id
 }
 
 fn request_of(a: &Allocation) -> Request {

@@ -141,9 +141,6 @@ impl ReplayOptions {
     }
 }
 
-/// The coverage of the extender's learned shapes (`src/scheduler/cache.rs`).
-const EXTENDER_COVERAGE: f64 = 0.95;
-
 /// Replays `trace` with `policy` for `seed`, up to `max_load_pct` % arrived load.
 pub fn replay(
     trace: &Trace,
@@ -189,7 +186,7 @@ pub fn replay_with(
     };
     let mut learner = opts.learn_shapes.then(ShapeLearner::default);
     let workload = match &learner {
-        Some(l) => l.workload(EXTENDER_COVERAGE),
+        Some(l) => l.workload(),
         None => trace.workload.clone(),
     };
     let mut engine = Engine::new(trace.nodes.clone(), by_name(policy, &workload)?);
@@ -229,10 +226,7 @@ pub fn replay_with(
                 // The extender learns from the GPU pods it reserves, and rebuilds its engine
                 // (before its next decision) when the shapes are due.
                 if !matches!(req.gpu, GpuDemand::None) && l.record(req) {
-                    engine = Engine::new(
-                        trace.nodes.clone(),
-                        by_name(policy, &l.workload(EXTENDER_COVERAGE))?,
-                    );
+                    engine = Engine::new(trace.nodes.clone(), by_name(policy, &l.workload())?);
                     engine.set_tie_order(tie_order.clone());
                     for &(j, q) in &placed {
                         engine.commit(&trace.requests[j], q);

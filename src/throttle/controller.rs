@@ -1575,11 +1575,7 @@ mod tests {
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
         loop {
             let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-            let state = stat[stat.rfind(')').unwrap() + 1..]
-                .trim_start()
-                .chars()
-                .next();
-            if state == Some('Z') {
+            if gpushare_core::procstat::state(&stat) == Some('Z') {
                 return;
             }
             assert!(

@@ -16,6 +16,8 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use gpushare_core::procstat;
+
 use super::cgroup::{CgroupError, ContainerCgroup, thaw_dir};
 
 /// How the controller holds containers out of their windows.
@@ -144,12 +146,7 @@ pub fn process_tree(proc_root: &Path, root: u32) -> Vec<u32> {
         let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
             continue;
         };
-        // `pid (comm) state ppid …`; comm may hold spaces and parentheses.
-        let Some(ppid) = stat
-            .rfind(')')
-            .and_then(|at| stat[at + 1..].split_whitespace().nth(1))
-            .and_then(|p| p.parse::<u32>().ok())
-        else {
+        let Some(ppid) = procstat::ppid(&stat) else {
             continue;
         };
         alive.insert(pid);
@@ -387,7 +384,7 @@ mod tests {
         let pid = child.id();
         let state = || {
             let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-            stat[stat.rfind(')').unwrap() + 2..].chars().next().unwrap()
+            procstat::state(&stat).unwrap()
         };
         let f = Freezer::Signals(SignalFreezer::new(Processes::Tree {
             proc_root: "/proc".into(),

@@ -10,6 +10,8 @@ use std::collections::{HashMap, HashSet};
 use std::fs;
 use std::path::{Path, PathBuf};
 
+use gpushare_core::procstat;
+
 use super::cgroup::{CgroupFs, CgroupVersion};
 
 /// The cgroup path of the freezer hierarchy (v1, line `N:…freezer…:/path`) or of the unified
@@ -29,14 +31,6 @@ pub fn parse_proc_cgroup(content: &str, version: CgroupVersion) -> Option<PathBu
         let path = path.strip_suffix(" (deleted)").unwrap_or(path);
         Some(PathBuf::from(path))
     })
-}
-
-/// The start time (field 22 of `/proc/PID/stat`, clock ticks since boot). The command name
-/// (field 2) may hold spaces and parentheses, so fields are counted after the last `)`.
-fn parse_stat_starttime(stat: &str) -> Option<u64> {
-    let rest = &stat[stat.rfind(')')? + 1..];
-    // `rest` starts at field 3 (state); field 22 is the 20th from there.
-    rest.split_whitespace().nth(19)?.parse().ok()
 }
 
 /// Cache of host PID → container id, keyed on (PID, start time).
@@ -111,7 +105,7 @@ impl PidMap {
 }
 
 fn read_starttime(pid_dir: &Path) -> Option<u64> {
-    parse_stat_starttime(&fs::read_to_string(pid_dir.join("stat")).ok()?)
+    procstat::start_time(&fs::read_to_string(pid_dir.join("stat")).ok()?)
 }
 
 /// The container owning cgroup `path` (absolute, as in `/proc/PID/cgroup`): the deepest of
@@ -214,20 +208,6 @@ mod tests {
         );
         assert_eq!(parse_proc_cgroup("", CgroupVersion::V1), None);
         assert_eq!(parse_proc_cgroup("garbage\n", CgroupVersion::V2), None);
-    }
-
-    #[test]
-    fn starttime_after_last_paren() {
-        assert_eq!(parse_stat_starttime(&stat_line(7, "a b", 42)), Some(42));
-        assert_eq!(
-            parse_stat_starttime(&stat_line(7, "x) S 1 2 3 (y", 43)),
-            Some(43)
-        );
-        assert_eq!(parse_stat_starttime(&stat_line(7, ")", 44)), Some(44));
-        assert_eq!(parse_stat_starttime("7 (x) S 1 2"), None);
-        assert_eq!(parse_stat_starttime("no parens at all"), None);
-        let own = fs::read_to_string("/proc/self/stat").unwrap();
-        assert!(parse_stat_starttime(&own).is_some(), "{own}");
     }
 
     #[test]

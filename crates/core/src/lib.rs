@@ -12,8 +12,9 @@
 //! - [`control`] — the throttle control law (per-GPU run windows from quotas and samples);
 //! - [`limiter`] — the in-container limiter contract: container paths, the limits file, the
 //!   shared accounting region layout;
-//! - [`echo`], [`json`], [`rfc3339`] — reading outside input: how an error shows an outside
-//!   value (cut), JSON with field paths and no duplicate keys, RFC 3339 date-times;
+//! - [`echo`], [`json`], [`rfc3339`], [`procstat`] — reading outside input: how an error shows
+//!   an outside value (cut), JSON with field paths and no duplicate keys, RFC 3339 date-times,
+//!   the fields of a `/proc/PID/stat` line;
 //! - [`spin`] — a fork-safe spin lock (the limiter's allocation table).
 
 pub mod adjust;
@@ -23,6 +24,7 @@ pub mod inventory;
 pub mod json;
 pub mod limiter;
 pub mod placement;
+pub mod procstat;
 pub mod request;
 pub mod rfc3339;
 pub mod spin;

@@ -368,15 +368,6 @@ impl OwnerWord {
     }
 }
 
-/// Parses the start time (field 22) from the text of `/proc/PID/stat`. The command name
-/// (field 2) is parenthesised and may contain spaces and parentheses, so fields are counted
-/// from the last `)`.
-pub fn parse_stat_start_time(stat: &str) -> Option<u64> {
-    let after = &stat[stat.rfind(')')? + 1..];
-    // After the comm come field 3 (state) … field 22 (starttime): index 19 from here.
-    after.split_ascii_whitespace().nth(19)?.parse().ok()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -512,15 +503,6 @@ mod tests {
         assert_eq!(c.pid(), 4242);
         assert_eq!(c.settled(), w);
         assert_ne!(OwnerWord::new(1, 0).0, OwnerWord::FREE);
-    }
-
-    #[test]
-    fn stat_start_time_survives_odd_command_names() {
-        let stat = "1234 (a) b) (c) S 1 1234 1234 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 987654 \
-                    12345678 300 18446744073709551615";
-        assert_eq!(parse_stat_start_time(stat), Some(987654));
-        assert_eq!(parse_stat_start_time("garbage"), None);
-        assert_eq!(parse_stat_start_time("1 (x) S 1"), None);
     }
 
     #[test]

@@ -18,8 +18,9 @@ use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize};
 
 use gpushare_core::limiter::{
     LimitsFile, MAX_GPUS, OwnerWord, REGION_SIZE, REGION_SLOTS, REGION_SLOTS_OFFSET, RegionHeader,
-    RegionSlot, parse_stat_start_time,
+    RegionSlot,
 };
+use gpushare_core::procstat;
 use gpushare_core::spin::SpinLock;
 
 /// The container's limits and the mapped region, valid for the life of the process.
@@ -358,7 +359,7 @@ fn own_owner_word() -> Option<OwnerWord> {
     // SAFETY: getpid has no preconditions.
     let pid = unsafe { libc::getpid() } as u32;
     let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
-    Some(OwnerWord::new(pid, parse_stat_start_time(&stat)?))
+    Some(OwnerWord::new(pid, procstat::start_time(&stat)?))
 }
 
 /// Whether the process that owns a slot is gone: no such pid, a zombie, or the pid now
@@ -376,11 +377,8 @@ fn is_dead(owner: OwnerWord) -> bool {
     }
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
         Ok(stat) => {
-            let zombie = stat
-                .rfind(')')
-                .and_then(|i| stat[i + 1..].split_ascii_whitespace().next())
-                == Some("Z");
-            zombie || parse_stat_start_time(&stat).is_some_and(|t| !owner.same_start(t))
+            procstat::state(&stat) == Some('Z')
+                || procstat::start_time(&stat).is_some_and(|t| !owner.same_start(t))
         }
         Err(e) => e.kind() == std::io::ErrorKind::NotFound,
     }

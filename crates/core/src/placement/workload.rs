@@ -44,6 +44,9 @@ impl ShapeLearner {
     /// How many recent requests the typical shapes are drawn from.
     pub const WINDOW: usize = 4096;
 
+    /// The share of the recent requests the typical shapes cover.
+    pub const COVERAGE: f64 = 0.95;
+
     /// Records a reserved GPU pod's request. True when the typical shapes are due for a
     /// refresh ([`ShapeLearner::workload`]).
     pub fn record(&mut self, r: &Request) -> bool {
@@ -70,9 +73,10 @@ impl ShapeLearner {
         &self.recent
     }
 
-    /// The typical shapes of the recent requests ([`Workload::from_requests`]).
-    pub fn workload(&self, coverage: f64) -> Workload {
-        Workload::from_requests(&self.recent, coverage)
+    /// The typical shapes of the recent requests ([`Workload::from_requests`] with
+    /// [`ShapeLearner::COVERAGE`]).
+    pub fn workload(&self) -> Workload {
+        Workload::from_requests(&self.recent, Self::COVERAGE)
     }
 }
 
@@ -155,7 +159,7 @@ mod tests {
         let due: Vec<u64> = (1..=6144).filter(|&n| ShapeLearner::due(n)).collect();
         assert_eq!(due, [8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 6144]);
         let mut l = ShapeLearner::default();
-        assert!(l.workload(0.95).shapes.is_empty(), "nothing known at first");
+        assert!(l.workload().shapes.is_empty(), "nothing known at first");
         let mut refreshes = Vec::new();
         for n in 1..=ShapeLearner::WINDOW as u64 + 1 {
             // 500-milli shares first, then 250-milli ones.
@@ -171,7 +175,7 @@ mod tests {
         assert_eq!(refreshes, [8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096]);
         // Past the window, the older half is dropped: only the recent 250-milli pods remain.
         assert_eq!(l.recent().len(), ShapeLearner::WINDOW / 2 + 1);
-        let w = l.workload(0.95);
+        let w = l.workload();
         assert_eq!(w.shapes.len(), 1, "{w:?}");
         assert_eq!(w.shapes[0].gpu_milli(), 250);
     }
