@@ -164,7 +164,11 @@ pub async fn watch_pods(client: kube::Client, ext: Arc<Extender>) {
                 c().observe_pod(&p);
             }
             Ok(Event::InitDone) => {
-                c().retain_pods(&seen);
+                {
+                    let mut c = c();
+                    c.retain_pods(&seen);
+                    c.pods_listed();
+                }
                 ext.synced_pods.store(true, Ordering::Release);
                 tracing::info!(pods = seen.len(), "pod cache synced");
             }

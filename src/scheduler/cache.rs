@@ -135,6 +135,8 @@ pub struct Cluster {
     /// engine sees each node's CPU and memory as kube-scheduler does.
     host_pods: HashMap<String, (String, u64, u64)>,
     rebuilds: u64,
+    /// How many typical shapes the engine decides with (the last rebuild's).
+    shapes: usize,
     /// Node changes not yet in the engine.
     pending: bool,
     /// Bumped on every change of the engine or the node set.
@@ -246,11 +248,10 @@ impl PassedMemo {
 fn engine_for(
     nodes: &BTreeMap<String, Result<NodeSpec, NodeError>>,
     policy: &str,
-    recent: &[Request],
+    workload: &Workload,
 ) -> Engine {
     let specs: Vec<NodeSpec> = nodes.values().filter_map(|n| n.clone().ok()).collect();
-    let workload = Workload::from_requests(recent, ShapeLearner::COVERAGE);
-    let p = by_name(policy, &workload).expect("policy checked at start-up");
+    let p = by_name(policy, workload).expect("policy checked at start-up");
     let mut engine = Engine::new(specs, p);
     // A request shape not scored since many nodes changed (a new shape, or any shape after
     // the typical shapes were refreshed) is scored on every core.
@@ -347,7 +348,7 @@ impl Cluster {
     pub fn new(policy: &str, names: ResourceNames, assume_ttl: Duration) -> Self {
         let nodes = BTreeMap::new();
         Cluster {
-            engine: engine_for(&nodes, policy, &[]),
+            engine: engine_for(&nodes, policy, &Workload::default()),
             names,
             policy: policy.to_string(),
             nodes,
@@ -357,6 +358,7 @@ impl Cluster {
             recent: ShapeLearner::default(),
             host_pods: HashMap::new(),
             rebuilds: 0,
+            shapes: 0,
             pending: false,
             generation: 0,
             passed: PassedMemo::default(),
@@ -390,6 +392,17 @@ impl Cluster {
         self.rebuilds
     }
 
+    /// How many requests the typical shapes are drawn from (the pods found at start-up and
+    /// those reserved since, the last [`ShapeLearner::WINDOW`]).
+    pub fn learned_requests(&self) -> usize {
+        self.recent.recent().len()
+    }
+
+    /// How many typical shapes the engine decides with.
+    pub fn typical_shapes(&self) -> usize {
+        self.shapes
+    }
+
     /// Nodes gpushare can place on.
     pub fn gpu_nodes(&self) -> usize {
         self.nodes.values().filter(|n| n.is_ok()).count()
@@ -400,21 +413,11 @@ impl Cluster {
         self.rebuilds += 1;
         self.generation += 1;
         self.pending = false;
-        // Until this extender has reserved pods itself (after a restart), the pods it found
-        // holding GPUs are the best guess of the workload.
-        let basis: Vec<Request> = if self.recent.recent().is_empty() {
-            self.allocations.values().map(request_of).collect()
-        } else {
-            Vec::new()
-        };
-        let shapes_from = if basis.is_empty() {
-            self.recent.recent()
-        } else {
-            &basis
-        };
-        self.engine = engine_for(&self.nodes, &self.policy, shapes_from);
+        let workload = self.recent.workload();
+        self.shapes = workload.shapes.len();
+        self.engine = engine_for(&self.nodes, &self.policy, &workload);
         self.warm = Warm {
-            keys: warm_keys(shapes_from),
+            keys: warm_keys(self.recent.recent()),
             ..Warm::default()
         };
         let allocs: Vec<Allocation> = self.allocations.values().cloned().collect();
@@ -590,6 +593,21 @@ impl Cluster {
                 self.allocations.insert(uid, alloc);
             }
         }
+    }
+
+    /// The pod list is in (the pod watch's initial list). When nothing was learned yet (at
+    /// start-up), the pods found holding GPUs seed the typical shapes: the next decision
+    /// rebuilds the engine with them, and the extender's own reservations join them.
+    pub fn pods_listed(&mut self) {
+        if !self.recent.recent().is_empty() || self.allocations.is_empty() {
+            return;
+        }
+        let mut found: Vec<&Allocation> = self.allocations.values().collect();
+        // Oldest first (the window keeps the newest); by pod name among equals.
+        found.sort_by(|a, b| a.since.cmp(&b.since).then_with(|| a.pod.cmp(&b.pod)));
+        let requests: Vec<Request> = found.into_iter().map(request_of).collect();
+        self.recent.seed(requests);
+        self.pending = true;
     }
 
     /// The pod is gone (deleted, terminated or binding failed).
@@ -1216,6 +1234,67 @@ mod tests {
             .flat_map(|(_, g)| g.iter().map(|g| g.memory_allocated_mib))
             .sum();
         assert_eq!(used, (1 + 7 + 6 * 8) * 1024);
+    }
+
+    #[test]
+    fn after_a_restart_the_pods_found_seed_the_typical_shapes() {
+        let nodes = [("a", 1), ("b", 1), ("z", 8)];
+        let mut c = Cluster::new(
+            "gpushare",
+            ResourceNames::default(),
+            Duration::from_secs(60),
+        );
+        for (n, gpus) in nodes {
+            c.set_node(&node(n, gpus, "share", "binpack"));
+        }
+        // As above: a keeps 14 GiB free, b 8 GiB, and six 8 GiB pods make 8 GiB the
+        // typical shape.
+        let mut placed = vec![(pod("one", "1", None), "a"), (pod("seven", "7", None), "b")];
+        placed.extend((0..6).map(|i| (pod(&format!("eight{i}"), "8", None), "z")));
+        let placed: Vec<Pod> = placed
+            .into_iter()
+            .map(|(p, n)| {
+                let r = c.reserve(&p, n, TS.into()).unwrap();
+                bound(p, n, &r.assignment)
+            })
+            .collect();
+        let next = pod("next", "7", None);
+        let ab = names(&["a", "b"]);
+        let p = c.priorities(&next, &ab);
+        assert!(p[1] > p[0], "{p:?}");
+
+        // A new extender lists the nodes, then the pods: it knows the shapes at once.
+        let mut d = Cluster::new(
+            "gpushare",
+            ResourceNames::default(),
+            Duration::from_secs(60),
+        );
+        for (n, gpus) in nodes {
+            d.set_node(&node(n, gpus, "share", "binpack"));
+        }
+        for p in &placed {
+            d.observe_pod(p);
+        }
+        assert_eq!((d.learned_requests(), d.typical_shapes()), (0, 0));
+        d.pods_listed();
+        assert_eq!(d.learned_requests(), 8);
+        assert_eq!(c.usage(), d.usage());
+        let p = d.priorities(&next, &ab);
+        assert!(p[1] > p[0], "the shapes of the pods found: {p:?}");
+        // Its own first reservations (1 GiB pods) refresh the shapes with the pods found,
+        // not instead of them.
+        let rebuilds = d.rebuilds();
+        for i in 0..8 {
+            d.reserve(&pod(&format!("small{i}"), "1", None), "z", TS.into())
+                .unwrap();
+        }
+        let p = d.priorities(&next, &ab);
+        assert_eq!(d.rebuilds(), rebuilds + 1);
+        assert!(p[1] > p[0], "8 GiB pods still typical: {p:?}");
+        assert!(d.typical_shapes() >= 2, "{}", d.typical_shapes());
+        // Listing again (a watch restart) seeds nothing more.
+        d.pods_listed();
+        assert_eq!(d.learned_requests(), 16);
     }
 
     #[test]

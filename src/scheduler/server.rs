@@ -712,7 +712,11 @@ impl Extender {
             .sample(&[("state", "assumed")], assumed)
             .sample(&[("state", "bound")], bound)
             .untyped("gpushare_extender_gpu_nodes")
-            .sample(&[], c.gpu_nodes());
+            .sample(&[], c.gpu_nodes())
+            .untyped("gpushare_extender_learned_requests")
+            .sample(&[], c.learned_requests())
+            .untyped("gpushare_extender_typical_shapes")
+            .sample(&[], c.typical_shapes());
         out.family("gpushare_gpu_memory_allocated_mib", Kind::Gauge);
         for (node, gpus) in c.usage() {
             for (i, g) in gpus.iter().enumerate() {

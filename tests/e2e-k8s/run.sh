@@ -274,6 +274,11 @@ e2e_check "all that fit are bound ($expect)" k8s_wait_for 180 "$expect bound" bo
 sleep 5
 echo "bound: $(bound_count) of 50"
 e2e_check "no more than fit were bound" test "$(bound_count)" -eq "$expect"
+# The pods it found bound seed the typical shapes: without them, its 3 own reservations
+# would be all it knew (no shapes before the 8th).
+ext_curl metrics | grep -E '^gpushare_extender_(learned_requests|typical_shapes) ' || true
+e2e_check "the restarted extender learnt the workload from the pods it found (≥ 25 requests, ≥ 1 shape)" \
+    bash -c "ext_curl metrics | awk '/^gpushare_extender_learned_requests /{r=\$2} /^gpushare_extender_typical_shapes /{s=\$2} END{exit !(r >= 25 && s >= 1)}'"
 e2e_check "no GPU over-committed (memory ≤ 15 GiB, core ≤ 100 % on every GPU)" no_overcommit
 running_many() { kc get pods -o json | jq '[.items[] | select(.metadata.name | startswith("many-")) | select(.status.phase == "Running")] | length'; }
 e2e_check "every bound pod runs" k8s_wait_for 240 "$expect running" bash -c "(( \$($K8S_KUBECTL get pods -o json | jq '[.items[] | select(.metadata.name | startswith(\"many-\")) | select(.status.phase == \"Running\")] | length') >= $expect ))"

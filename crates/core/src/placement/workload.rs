@@ -58,6 +58,16 @@ impl ShapeLearner {
         Self::due(self.reserved)
     }
 
+    /// Takes `requests` as recent ones without counting them as reservations (the refresh
+    /// cadence is unchanged): the pods the extender finds holding GPUs when it starts, the
+    /// best guess of the workload until its own reservations refresh the shapes. The window
+    /// keeps the last [`ShapeLearner::WINDOW`] of them.
+    pub fn seed(&mut self, requests: impl IntoIterator<Item = Request>) {
+        self.recent.extend(requests);
+        let over = self.recent.len().saturating_sub(Self::WINDOW);
+        self.recent.drain(..over);
+    }
+
     /// Whether the shapes are refreshed after the `n`-th reservation.
     pub fn due(n: u64) -> bool {
         let half = (Self::WINDOW / 2) as u64;
@@ -178,6 +188,23 @@ mod tests {
         let w = l.workload();
         assert_eq!(w.shapes.len(), 1, "{w:?}");
         assert_eq!(w.shapes[0].gpu_milli(), 250);
+    }
+
+    #[test]
+    fn seeded_requests_count_as_recent_but_not_as_reservations() {
+        let mut l = ShapeLearner::default();
+        l.seed(std::iter::repeat_n(
+            share(4000, 500),
+            ShapeLearner::WINDOW + 10,
+        ));
+        assert_eq!(l.recent().len(), ShapeLearner::WINDOW, "the window holds");
+        assert_eq!(l.workload().shapes[0].gpu_milli(), 500);
+        // The first refresh still comes with the 8th reservation, over seeded and own pods.
+        let due: Vec<bool> = (0..8).map(|_| l.record(&share(2000, 250))).collect();
+        assert_eq!(due, [false, false, false, false, false, false, false, true]);
+        assert_eq!(l.recent().len(), ShapeLearner::WINDOW / 2 + 8);
+        let w = l.workload();
+        assert_eq!(w.shapes[0].gpu_milli(), 500, "{w:?}");
     }
 
     #[test]
