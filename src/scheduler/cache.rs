@@ -603,8 +603,8 @@ impl Cluster {
             return;
         }
         let mut found: Vec<&Allocation> = self.allocations.values().collect();
-        // Oldest first (the window keeps the newest); by pod name among equals.
-        found.sort_by(|a, b| a.since.cmp(&b.since).then_with(|| a.pod.cmp(&b.pod)));
+        // In pod name order (beyond the window, which pods it keeps is arbitrary).
+        found.sort_by(|a, b| a.pod.cmp(&b.pod));
         let requests: Vec<Request> = found.into_iter().map(request_of).collect();
         self.recent.seed(requests);
         self.pending = true;
