@@ -10,7 +10,7 @@ Standard library only. Subcommands:
                                GiB|MiB (the memory resource's unit)
   pods-share N OUT [--plain]   N one-GPU-share pods (gpu-mem 2048 MiB + core 30 %); --plain:
                                the same pods without GPU limits
-  pods-trace SEED LOAD OUT     the openb default pod list in the arrival order of
+  pods-trace SEED LOAD OUT     the openb pod list BENCH_TRACE (default: default) in the arrival order of
                                `gpushare simulate` for SEED (src/simulate/replay.rs:
                                Trace::arrivals) up to LOAD % arrived GPU demand, as
                                memory-only GPU-share pods in MiB (see bench/cluster.sh)
@@ -211,7 +211,8 @@ def cmd_pods_trace(seed, load, out):
     nodes = read_nodes()
     capacity = sum(int(r["gpu"]) for r in nodes) * 1000
     pods = []
-    for r in read_csv(os.path.join(TRACE_DIR, "openb_pod_list_default.csv")):
+    trace = os.environ.get("BENCH_TRACE", "default")
+    for r in read_csv(os.path.join(TRACE_DIR, f"openb_pod_list_{trace}.csv")):
         pods.append({"name": r["name"], "cpu_milli": int(r["cpu_milli"]),
                      "memory_mib": int(r["memory_mib"]), "num_gpu": int(r["num_gpu"]),
                      "gpu_milli": min(int(r["gpu_milli"]), 1000)})

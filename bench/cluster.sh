@@ -10,7 +10,7 @@
 #       over-committed GPUs summed from the written gpushare.io/assignment annotations; and,
 #       to tell kube-scheduler's own cost of extended resources from the extender's, the GPU
 #       pods through kube-scheduler alone (ratio_to_share_alone).
-#   (b) packing: the openb default pod list in the arrival order of `gpushare simulate` for
+#   (b) packing: an openb pod list (BENCH_TRACE) in the arrival order of `gpushare simulate` for
 #       BENCH_SEED (42) up to BENCH_LOAD (100) % arrived GPU demand, created one at a time in
 #       that order; the unallocated GPU % compared with `gpushare simulate` for the same seed
 #       and policy gpushare (the goal's figure), and with `gpushare simulate --as-extender`
@@ -35,7 +35,8 @@
 #     API priority and fairness off; KWOK runs only the node-initialize stage (nodes Ready, no
 #     pod lifecycle, node leases renewed every 15 min); the extender uses the admin identity.
 #
-# Settings (environment): BENCH_PODS (2000), BENCH_SEED (42), BENCH_LOAD (100),
+# Settings (environment): BENCH_PODS (2000), BENCH_SEED (42), BENCH_LOAD (100), BENCH_TRACE
+# ((b): the pod list openb_pod_list_NAME.csv, default: default),
 # BENCH_PARALLEL (pod creation requests in flight for (a), 16), BENCH_PARTS (a,b),
 # BENCH_POLICY (the extender's and the simulator's policy, gpushare), BENCH_TRACE_FIT ((b):
 # MostAllocated (default) / LeastAllocated: of kube-scheduler's score plugins only
@@ -77,6 +78,7 @@ KWOK_DIR=$E2E_PEERS_DIR/kwok-$KWOK_VERSION
 BENCH_OUT=${BENCH_OUT:-$E2E_REPO/target/bench/cluster}
 BENCH_PODS=${BENCH_PODS:-2000}
 BENCH_SEED=${BENCH_SEED:-42}
+export BENCH_TRACE=${BENCH_TRACE:-default}
 BENCH_LOAD=${BENCH_LOAD:-100}
 BENCH_PARALLEL=${BENCH_PARALLEL:-16}
 BENCH_PARTS=${BENCH_PARTS:-a,b}
@@ -563,7 +565,7 @@ if [[ ,$BENCH_PARTS, == *,b,* ]]; then
     "${PY[@]}" pods-trace "$BENCH_SEED" "$BENCH_LOAD" "$root/pods-trace.jsonl" >&2
     start_extender
     start_scheduler 1 1
-    measure "(b) openb default, seed $BENCH_SEED, up to $BENCH_LOAD % arrived load, in order" \
+    measure "(b) openb $BENCH_TRACE, seed $BENCH_SEED, up to $BENCH_LOAD % arrived load, in order" \
         "$root/pods-trace.jsonl" "$BENCH_OUT/b-run.json" --parallel "${BENCH_TRACE_PARALLEL:-1}" --timeout 3600
     curl -fs "http://127.0.0.1:$EXT_PORT/metrics" >"$BENCH_OUT/b-extender-metrics.txt" || true
     k8s_kubectl get nodes -l type=kwok --chunk-size=0 -o json >"$root/nodes.json"
@@ -580,7 +582,7 @@ if [[ ,$BENCH_PARTS, == *,b,* ]]; then
         local name=$1 sim
         shift
         "$root/gpushare" simulate --nodes "$TRACE_DIR/openb_node_list_gpu_node.csv" \
-            --pods "$TRACE_DIR/openb_pod_list_default.csv" --policy "$BENCH_POLICY" --seeds 1 \
+            --pods "$TRACE_DIR/openb_pod_list_$BENCH_TRACE.csv" --policy "$BENCH_POLICY" --seeds 1 \
             --seed-base "$BENCH_SEED" --max-load "$BENCH_LOAD" --json "$@" --out "$BENCH_OUT/$name" \
             >"$BENCH_OUT/$name.out" 2>&1 || die "gpushare simulate $* failed: $(tail -5 "$BENCH_OUT/$name.out")"
         sim=$(find "$BENCH_OUT/$name" -name '*.json' | head -1)
@@ -605,9 +607,9 @@ if [[ ,$BENCH_PARTS, == *,b,* ]]; then
     fi
     simulate_b simulate-as-extender --as-extender "${search[@]}"
     jq -n --slurpfile c "$BENCH_OUT/b-cluster.json" --slurpfile s "$BENCH_OUT/b-simulate.json" \
-        --slurpfile x "$BENCH_OUT/b-simulate-as-extender.json" --arg l "$BENCH_LOAD" \
+        --slurpfile x "$BENCH_OUT/b-simulate-as-extender.json" --arg l "$BENCH_LOAD" --arg t "$BENCH_TRACE" \
         '($s[0].results[0]) as $r | ($x[0].results[0]) as $e |
-         {policy: $r.policy, seed: $c[0].seed, load_pct: ($l|tonumber), pods: $c[0].pods,
+         {policy: $r.policy, trace: $t, seed: $c[0].seed, load_pct: ($l|tonumber), pods: $c[0].pods,
           simulate_attempts: $r.attempts,
           cluster_failed: $c[0].failed, simulate_failed: $r.failed,
           cluster_unallocated_pct: $c[0].unallocated_at_load_pct[$l],
