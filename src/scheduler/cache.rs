@@ -1119,17 +1119,18 @@ mod tests {
     /// A valid RFC 3339 timestamp (the assignment's `timestamp` is checked when read back).
     const TS: &str = "2026-11-29T19:00:00Z";
 
+    /// A cache with `policy`, the default resource names and a 60 s assume TTL.
+    fn cluster(policy: &str) -> Cluster {
+        Cluster::new(policy, ResourceNames::default(), Duration::from_secs(60))
+    }
+
     fn names(v: &[&str]) -> Vec<String> {
         v.iter().map(|s| s.to_string()).collect()
     }
 
     #[test]
     fn filter_reasons_and_binpack_reservations() {
-        let mut c = Cluster::new(
-            "gpushare",
-            ResourceNames::default(),
-            Duration::from_secs(60),
-        );
+        let mut c = cluster("gpushare");
         c.set_node(&node("a", 4, "core_mem", "binpack"));
         c.set_node(&node("m", 2, "cgpu", "binpack"));
         let mut plain = node("x", 0, "core_mem", "binpack");
@@ -1198,11 +1199,7 @@ mod tests {
 
     #[test]
     fn typical_shapes_follow_the_pods_reserved() {
-        let mut c = Cluster::new(
-            "gpushare",
-            ResourceNames::default(),
-            Duration::from_secs(60),
-        );
+        let mut c = cluster("gpushare");
         for (n, gpus) in [("a", 1), ("b", 1), ("z", 8)] {
             c.set_node(&node(n, gpus, "share", "binpack"));
         }
@@ -1238,15 +1235,14 @@ mod tests {
 
     #[test]
     fn after_a_restart_the_pods_found_seed_the_typical_shapes() {
-        let nodes = [("a", 1), ("b", 1), ("z", 8)];
-        let mut c = Cluster::new(
-            "gpushare",
-            ResourceNames::default(),
-            Duration::from_secs(60),
-        );
-        for (n, gpus) in nodes {
-            c.set_node(&node(n, gpus, "share", "binpack"));
-        }
+        let listed = || {
+            let mut c = cluster("gpushare");
+            for (n, gpus) in [("a", 1), ("b", 1), ("z", 8)] {
+                c.set_node(&node(n, gpus, "share", "binpack"));
+            }
+            c
+        };
+        let mut c = listed();
         // As above: a keeps 14 GiB free, b 8 GiB, and six 8 GiB pods make 8 GiB the
         // typical shape.
         let mut placed = vec![(pod("one", "1", None), "a"), (pod("seven", "7", None), "b")];
@@ -1264,14 +1260,7 @@ mod tests {
         assert!(p[1] > p[0], "{p:?}");
 
         // A new extender lists the nodes, then the pods: it knows the shapes at once.
-        let mut d = Cluster::new(
-            "gpushare",
-            ResourceNames::default(),
-            Duration::from_secs(60),
-        );
-        for (n, gpus) in nodes {
-            d.set_node(&node(n, gpus, "share", "binpack"));
-        }
+        let mut d = listed();
         for p in &placed {
             d.observe_pod(p);
         }
@@ -1299,11 +1288,7 @@ mod tests {
 
     #[test]
     fn the_warmer_scores_the_frequent_shapes_ahead_and_rescores_only_changes() {
-        let mut c = Cluster::new(
-            "gpushare",
-            ResourceNames::default(),
-            Duration::from_secs(60),
-        );
+        let mut c = cluster("gpushare");
         let nodes: Vec<String> = (0..40).map(|i| format!("n{i:02}")).collect();
         for n in &nodes {
             c.set_node(&node(n, 2, "share", "binpack"));
@@ -1339,11 +1324,7 @@ mod tests {
         assert_eq!(c.engine().stale_nodes(&eight), 0);
         // What the warmer cached is what scoring afresh gives.
         let best = c.filter(&pod("x", "8", None), &nodes);
-        let mut fresh = Cluster::new(
-            "gpushare",
-            ResourceNames::default(),
-            Duration::from_secs(60),
-        );
+        let mut fresh = cluster("gpushare");
         for n in &nodes {
             fresh.set_node(&node(n, 2, "share", "binpack"));
         }
@@ -1358,11 +1339,7 @@ mod tests {
     #[test]
     fn cpu_and_memory_are_counted_as_kube_scheduler_does() {
         use k8s_openapi::api::core::v1::NodeStatus;
-        let mut c = Cluster::new(
-            "gpushare",
-            ResourceNames::default(),
-            Duration::from_secs(60),
-        );
+        let mut c = cluster("gpushare");
         for n in ["a", "b"] {
             let mut nd = node(n, 1, "core_mem", "binpack");
             nd.status = Some(NodeStatus {
@@ -1433,11 +1410,7 @@ mod tests {
     #[test]
     fn pods_without_gpus_are_ranked_away_from_the_cpu_gpus_need() {
         use k8s_openapi::api::core::v1::NodeStatus;
-        let mut c = Cluster::new(
-            "gpushare",
-            ResourceNames::default(),
-            Duration::from_secs(60),
-        );
+        let mut c = cluster("gpushare");
         for (n, gpus, cpu) in [("a", 1, "4"), ("b", 1, "4"), ("z", 8, "100")] {
             let mut nd = node(n, gpus, "core_mem", "binpack");
             nd.status = Some(NodeStatus {
@@ -1483,7 +1456,7 @@ mod tests {
 
     #[test]
     fn never_overcommits_and_survives_restart() {
-        let mut c = Cluster::new("binpack", ResourceNames::default(), Duration::from_secs(60));
+        let mut c = cluster("binpack");
         c.set_node(&node("a", 2, "core_mem", "binpack"));
         let mut placed = Vec::new();
         for i in 0..10 {
@@ -1505,7 +1478,7 @@ mod tests {
             );
         }
         // Restart: a new cache rebuilt from the bound pods' annotations holds the same.
-        let mut d = Cluster::new("binpack", ResourceNames::default(), Duration::from_secs(60));
+        let mut d = cluster("binpack");
         d.set_node(&node("a", 2, "core_mem", "binpack"));
         for (p, r) in &placed {
             d.observe_pod(&bound(p.clone(), "a", &r.assignment));
@@ -1547,11 +1520,7 @@ mod tests {
 
     #[test]
     fn node_changes_keep_allocations() {
-        let mut c = Cluster::new(
-            "gpushare",
-            ResourceNames::default(),
-            Duration::from_secs(60),
-        );
+        let mut c = cluster("gpushare");
         c.set_node(&node("a", 2, "core_mem", "binpack"));
         c.reserve(&pod("p", "8", Some("50")), "a", TS.into())
             .unwrap();
@@ -1608,7 +1577,7 @@ mod tests {
             p.spec.as_mut().unwrap().init_containers = Some(vec![init]);
             p
         };
-        let mut c = Cluster::new("binpack", ResourceNames::default(), Duration::from_secs(60));
+        let mut c = cluster("binpack");
         c.set_node(&node("a", 1, "core_mem", "binpack"));
         let p = with_init("p");
         let r = c.reserve(&p, "a", TS.into()).unwrap();
@@ -1623,7 +1592,7 @@ mod tests {
             pods: 1,
         };
         assert_eq!(c.usage()[0].1, [held]);
-        let mut d = Cluster::new("binpack", ResourceNames::default(), Duration::from_secs(60));
+        let mut d = cluster("binpack");
         d.set_node(&node("a", 1, "core_mem", "binpack"));
         d.observe_pod(&bound(p.clone(), "a", &r.assignment));
         assert_eq!(d.usage(), c.usage());
@@ -1639,11 +1608,7 @@ mod tests {
     /// with the reason.
     #[test]
     fn a_node_with_65_gpus_is_refused_not_a_panic() {
-        let mut c = Cluster::new(
-            "gpushare",
-            ResourceNames::default(),
-            Duration::from_secs(60),
-        );
+        let mut c = cluster("gpushare");
         c.set_node(&node("big", 65, "core_mem", "binpack"));
         c.set_node(&node("a", 64, "core_mem", "binpack"));
         let r = c.filter(&pod("p", "2", Some("30")), &names(&["big", "a"]));
@@ -1659,11 +1624,7 @@ mod tests {
     /// and holds nothing.
     #[test]
     fn an_assignment_the_node_cannot_read_is_not_reserved() {
-        let mut c = Cluster::new(
-            "gpushare",
-            ResourceNames::default(),
-            Duration::from_secs(60),
-        );
+        let mut c = cluster("gpushare");
         c.set_node(&node("a", 1, "core_mem", "binpack"));
         let mut p = pod("p", "2", Some("30"));
         let spec = p.spec.as_mut().unwrap();
@@ -1683,11 +1644,7 @@ mod tests {
     #[test]
     fn filter_best_answers_the_nodes_prioritize_ranks_first() {
         let mk = |best| {
-            let mut c = Cluster::new(
-                "gpushare",
-                ResourceNames::default(),
-                Duration::from_secs(60),
-            );
+            let mut c = cluster("gpushare");
             c.set_filter_best(best);
             c.set_node(&node("a", 2, "core_mem", "binpack"));
             c.set_node(&node("b", 2, "core_mem", "spread"));
@@ -1720,11 +1677,7 @@ mod tests {
         let p = mk(1).filter(&plain, &names(&["a", "other"]));
         assert_eq!(p.node_names.unwrap(), names(&["other"]));
         // Among equal nodes, the first by name, whatever kube-scheduler's order.
-        let mut twins = Cluster::new(
-            "gpushare",
-            ResourceNames::default(),
-            Duration::from_secs(60),
-        );
+        let mut twins = cluster("gpushare");
         twins.set_filter_best(1);
         for n in ["n1", "n2", "n0"] {
             twins.set_node(&node(n, 2, "core_mem", "binpack"));
@@ -1738,11 +1691,7 @@ mod tests {
     #[test]
     fn prioritize_after_filter_matches_prioritize_alone() {
         let mk = || {
-            let mut c = Cluster::new(
-                "gpushare",
-                ResourceNames::default(),
-                Duration::from_secs(60),
-            );
+            let mut c = cluster("gpushare");
             c.set_node(&node("a", 2, "core_mem", "binpack"));
             c.set_node(&node("b", 2, "core_mem", "spread"));
             c.set_node(&node("c", 4, "core_mem", "binpack"));
@@ -1786,11 +1735,7 @@ mod tests {
     /// Hardening item 1: node names from a filter request are shown cut.
     #[test]
     fn unknown_node_names_are_echoed_cut() {
-        let mut c = Cluster::new(
-            "gpushare",
-            ResourceNames::default(),
-            Duration::from_secs(60),
-        );
+        let mut c = cluster("gpushare");
         c.set_node(&node("a", 1, "core_mem", "binpack"));
         let big = "n".repeat(1 << 20);
         let r = c.filter(&pod("p", "2", Some("30")), std::slice::from_ref(&big));
