@@ -30,7 +30,8 @@ impl Shape {
 }
 
 /// The typical shapes as the scheduler extender learns them while it places pods: from the
-/// GPU pods it reserved (the last [`ShapeLearner::WINDOW`] at most), refreshed after the 8th,
+/// GPU pods it reserved, after those it found bound at start-up ([`ShapeLearner::seed`]; the
+/// last [`ShapeLearner::WINDOW`] at most), refreshed after the 8th,
 /// 16th, 32nd … reservation while the window fills (the first pods change the estimate
 /// most), then every half window. A refresh rebuilds the extender's engine, so it is kept
 /// rare. `gpushare simulate --as-extender` learns the same way.
