@@ -8,6 +8,9 @@ use std::time::{Duration, Instant};
 
 use gpushare::throttle::guardian::StateLock;
 
+mod guardian_support;
+use guardian_support::ignores_termination_signals;
+
 /// One at a time: a process spawned by one test holds a copy of the other's lock descriptor
 /// between its fork and its exec (the descriptor is close-on-exec).
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
@@ -21,34 +24,6 @@ fn wait_exit(child: &mut std::process::Child, within: Duration) -> bool {
         std::thread::sleep(Duration::from_millis(20));
     }
     false
-}
-
-/// Waits (10 s at most) until process `pid` ignores SIGHUP, SIGINT and SIGTERM (its `SigIgn`
-/// mask in /proc): the guardian's first step. A fixed sleep is too short on a loaded host,
-/// where the signals would reach a guardian that has not started yet.
-fn ignores_termination_signals(pid: u32) {
-    use nix::sys::signal::Signal::{SIGHUP, SIGINT, SIGTERM};
-    // Bit n - 1 of the mask stands for signal n.
-    let want = [SIGHUP, SIGINT, SIGTERM]
-        .iter()
-        .fold(0u64, |m, &s| m | 1 << (s as i32 - 1));
-    let t0 = Instant::now();
-    loop {
-        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-        let ignored = status
-            .lines()
-            .find_map(|l| l.strip_prefix("SigIgn:"))
-            .map(|m| u64::from_str_radix(m.trim(), 16).unwrap())
-            .unwrap();
-        if ignored & want == want {
-            return;
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(10),
-            "the guardian does not ignore the termination signals: SigIgn {ignored:x}"
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
 }
 
 /// Under systemd's default `KillMode=control-group` the guardian gets SIGTERM in the same

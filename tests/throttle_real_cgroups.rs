@@ -16,6 +16,9 @@ use gpushare::throttle::source::{SIM_MEMORY_FILE, SimSource};
 use gpushare_core::control::ComputePolicy;
 use gpushare_core::request::AssignedGpu;
 
+mod guardian_support;
+use guardian_support::ignores_termination_signals;
+
 /// The cases share the host's CPUs; run them one at a time.
 static SERIAL: Mutex<()> = Mutex::new(());
 const ROOT: &str = "/sys/fs/cgroup";
@@ -351,7 +354,24 @@ fn real_cgroup_guardian_thaws_after_sigkill() {
         ])
         .spawn()
         .unwrap();
-    std::thread::sleep(Duration::from_millis(300));
+    // The guardian has started when it ignores the termination signals (its first step):
+    // the 1 s below then measures its reaction alone, not its start on a loaded host.
+    let t0 = Instant::now();
+    let guardian = loop {
+        let out = Command::new("pgrep")
+            .args(["-P", &agent.id().to_string(), "-x", "gpushare"])
+            .output()
+            .unwrap();
+        if let Ok(pid) = String::from_utf8_lossy(&out.stdout).trim().parse::<u32>() {
+            break pid;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "no guardian after 10 s"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    ignores_termination_signals(guardian);
     let state_of = || std::fs::read_to_string(child.join("freezer.state")).unwrap();
     assert_eq!(state_of().trim(), "FROZEN");
     // SIGKILL the writer (the agent's stand-in): the guardian sees EOF and thaws.
