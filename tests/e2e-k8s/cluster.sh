@@ -252,6 +252,14 @@ _k8s_start() {
     "$@" </dev/null >>"$K8S_ROOT/$name.log" 2>&1 &
     pid=$!
     echo "$pid" >"$K8S_ROOT/$name.pid"
+    # Between fork and exec, /proc/PID/cmdline is still this shell's, which _k8s_pid does not
+    # take for NAME (a loaded host once took that for an exit: "controller-manager exited
+    # while waiting for kube-controller-manager /healthz" with nothing in its log). Wait for
+    # the exec, or the end, before anyone asks (10 s at most).
+    local deadline=$((SECONDS + 10))
+    while _e2e_alive "$pid" && ! _k8s_pid "$name" >/dev/null && ((SECONDS < deadline)); do
+        sleep 0.05
+    done
 }
 
 _k8s_pid() { _k8s_pid_in "$K8S_ROOT" "$1"; } # NAME -> pid if running and ours
