@@ -354,38 +354,35 @@ fn real_cgroup_guardian_thaws_after_sigkill() {
         ])
         .spawn()
         .unwrap();
+    // The agent's child named `name` (its `sleep` or the guardian), once it has exec'd.
+    let agent_pid = agent.id().to_string();
+    let child_named = |name: &str| {
+        let t0 = Instant::now();
+        loop {
+            let out = Command::new("pgrep")
+                .args(["-P", &agent_pid, "-x", name])
+                .output()
+                .unwrap();
+            if let Ok(pid) = String::from_utf8_lossy(&out.stdout).trim().parse::<u32>() {
+                return pid;
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(10),
+                "no {name} after 10 s"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    };
     // The guardian has started when it ignores the termination signals (its first step):
     // the 1 s below then measures its reaction alone, not its start on a loaded host.
-    let t0 = Instant::now();
-    let guardian = loop {
-        let out = Command::new("pgrep")
-            .args(["-P", &agent.id().to_string(), "-x", "gpushare"])
-            .output()
-            .unwrap();
-        if let Ok(pid) = String::from_utf8_lossy(&out.stdout).trim().parse::<u32>() {
-            break pid;
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(10),
-            "no guardian after 10 s"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    };
-    ignores_termination_signals(guardian);
+    ignores_termination_signals(child_named("gpushare"));
     let state_of = || std::fs::read_to_string(child.join("freezer.state")).unwrap();
     assert_eq!(state_of().trim(), "FROZEN");
     // SIGKILL the writer (the agent's stand-in): the guardian sees EOF and thaws.
-    let sleep_pid = String::from_utf8(
-        Command::new("pgrep")
-            .args(["-P", &agent.id().to_string(), "sleep"])
-            .output()
-            .unwrap()
-            .stdout,
-    )
-    .unwrap();
+    let sleep_pid = child_named("sleep").to_string();
     let killed_at = Instant::now();
     Command::new("kill")
-        .args(["-9", sleep_pid.trim()])
+        .args(["-9", &sleep_pid])
         .status()
         .unwrap();
     while state_of().trim() != "THAWED" && killed_at.elapsed() < Duration::from_secs(1) {

@@ -184,13 +184,17 @@ pub fn replay_with(
     } else {
         trace.tie_order(seed)
     };
-    let mut learner = opts.learn_shapes.then(ShapeLearner::default);
-    let workload = match &learner {
-        Some(l) => l.workload(),
-        None => trace.workload.clone(),
+    // The engine for `workload`'s typical shapes, empty.
+    let engine_for = |workload: &Workload| -> Result<Engine, UnknownPolicy> {
+        let mut engine = Engine::new(trace.nodes.clone(), by_name(policy, workload)?);
+        engine.set_tie_order(tie_order.clone());
+        Ok(engine)
     };
-    let mut engine = Engine::new(trace.nodes.clone(), by_name(policy, &workload)?);
-    engine.set_tie_order(tie_order.clone());
+    let mut learner = opts.learn_shapes.then(ShapeLearner::default);
+    let mut engine = match &learner {
+        Some(l) => engine_for(&l.workload())?,
+        None => engine_for(&trace.workload)?,
+    };
     // What the engine holds, to commit again when the learned shapes rebuild it.
     let mut placed: Vec<(usize, Placement)> = Vec::new();
     let seq = trace.arrivals(seed, max_load_pct);
@@ -226,8 +230,7 @@ pub fn replay_with(
                 // The extender learns from the GPU pods it reserves, and rebuilds its engine
                 // (before its next decision) when the shapes are due.
                 if !matches!(req.gpu, GpuDemand::None) && l.record(req) {
-                    engine = Engine::new(trace.nodes.clone(), by_name(policy, &l.workload())?);
-                    engine.set_tie_order(tie_order.clone());
+                    engine = engine_for(&l.workload())?;
                     for &(j, q) in &placed {
                         engine.commit(&trace.requests[j], q);
                     }
