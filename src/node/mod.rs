@@ -323,6 +323,13 @@ pub enum DecideError {
     /// Fail closed: quotas are configured but cannot be enforced.
     #[error("GPU containers are refused on this node until its quotas can be enforced: {reason}")]
     EnforcementDown { reason: String },
+    /// A variable that gpushare sets or clears appears more than once in the container's
+    /// environment: the runtime would adjust the first and keep the later one, which then
+    /// overrides the adjustment.
+    #[error(
+        "the container's environment (image or spec) sets {key} {count} times; gpushare adjusts {key} and refuses a container that repeats it, since a later copy would override the adjustment"
+    )]
+    RepeatedEnv { key: String, count: usize },
 }
 
 /// Why a GPU container was refused, as the label of the agent's
@@ -341,7 +348,7 @@ impl DecideError {
     /// Index into [`REFUSAL_REASONS`].
     pub fn reason(&self) -> usize {
         match self {
-            DecideError::Request(_) => 0,
+            DecideError::Request(_) | DecideError::RepeatedEnv { .. } => 0,
             DecideError::MemoryOverCommit { .. } => 1,
             DecideError::CoreOverCommit { .. } => 2,
             DecideError::Adjust(_) => 3,
@@ -426,6 +433,9 @@ pub struct Node {
     /// GPU containers admitted over NRI that the runtime has not confirmed yet
     /// ([`Node::release_unconfirmed`]).
     unconfirmed: Pending,
+    /// Held from a GPU container's over-commit check to its registration: the runtime-level
+    /// modes' local API admits containers concurrently.
+    admitting: Mutex<()>,
 }
 
 impl Node {
@@ -443,6 +453,7 @@ impl Node {
             throttle: Default::default(),
             enforcement_down: RwLock::new(None),
             unconfirmed: Pending::new(Duration::from_secs(60)),
+            admitting: Mutex::new(()),
         }
     }
 
@@ -462,6 +473,7 @@ impl Node {
             throttle: Default::default(),
             enforcement_down: RwLock::new(None),
             unconfirmed: Pending::new(Duration::from_secs(60)),
+            admitting: Mutex::new(()),
         }
     }
 
@@ -759,6 +771,16 @@ impl Node {
         pod: &PodSandbox,
         ctr: &Container,
     ) -> Result<Option<adjust::Adjustment>, HandlerError> {
+        if let Some((key, count)) = adjust::repeated_gpu_env(&ctr.env) {
+            let e = DecideError::RepeatedEnv {
+                key: key.to_string(),
+                count,
+            };
+            self.stats.creates_refused.fetch_add(1, Ordering::Relaxed);
+            self.stats.refused_by[e.reason()].fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(pod = %format!("{}/{}", pod.namespace, pod.name), container = %ctr.name, id = %ctr.id, error = %e, "container refused");
+            return Err(e.into());
+        }
         if !has_gpu_hint(pod, ctr) {
             return Ok(self.no_gpu(ctr));
         }
@@ -766,12 +788,14 @@ impl Node {
         let _g = span.enter();
         let started = Instant::now();
         let state = self.require_state()?;
+        let admitting = self.admitting.lock().unwrap_or_else(|e| e.into_inner());
         match self.decide(&state, pod, ctr) {
             Ok(None) => Ok(self.no_gpu(ctr)),
             Ok(Some((req, mut adj))) => {
                 adjust::strip_foreign_selectors(&mut adj, &ctr.env);
                 let gpus: Vec<u32> = req.gpus.iter().map(|g| g.index).collect();
                 self.registry.upsert(Node::record(pod, ctr, req));
+                drop(admitting);
                 self.stats.creates_gpu.fetch_add(1, Ordering::Relaxed);
                 tracing::info!(
                     ?gpus,
@@ -1036,6 +1060,80 @@ mod tests {
             .into(),
             state: state.into(),
             ..Default::default()
+        }
+    }
+
+    /// A runtime adjusts the first entry of a variable only (NRI's `AdjustEnv`) and a later
+    /// copy overrides it: a container repeating a variable gpushare sets or clears is
+    /// refused, with or without a GPU, and nothing is registered.
+    #[test]
+    fn a_repeated_gpu_variable_is_refused() {
+        let node = Node::new(AgentState::in_memory("n"));
+        let pod = staged_pod();
+        let mut plain = ctr("c-plain", "plain", "", "", NriState::CONTAINER_CREATED);
+        plain.annotations.clear();
+        plain.env = vec![
+            "NVIDIA_VISIBLE_DEVICES=all".into(),
+            "PATH=/bin".into(),
+            "NVIDIA_VISIBLE_DEVICES=all".into(),
+        ];
+        let e = format!("{:?}", node.create_container(&pod, &plain).unwrap_err());
+        assert!(e.contains("sets NVIDIA_VISIBLE_DEVICES 2 times"), "{e}");
+        // Once, it is neutralized as before.
+        plain.env.pop();
+        let adj = node
+            .create_container(&pod, &plain)
+            .unwrap()
+            .expect("adjusted");
+        assert!(format!("{adj:?}").contains("void"), "{adj:?}");
+
+        let mut main = ctr("c-main", "main", "8", "50", NriState::CONTAINER_CREATED);
+        main.env = vec!["GPUSHARE_GPU_UUID=a".into(), "GPUSHARE_GPU_UUID=b".into()];
+        let e = format!("{:?}", node.create_container(&pod, &main).unwrap_err());
+        assert!(e.contains("sets GPUSHARE_GPU_UUID 2 times"), "{e}");
+        assert!(node.registry.snapshot().is_empty());
+        assert_eq!(node.stats.refused_by[0].load(Ordering::Relaxed), 2);
+    }
+
+    /// The runtime-level modes admit containers concurrently (the local API): the
+    /// over-commit check and the registration are one step, so GPU 0 (15 GiB) takes one of
+    /// eight 8 GiB containers asking at once, never two.
+    #[test]
+    fn concurrent_admissions_never_over_commit() {
+        for _round in 0..20 {
+            let node = Arc::new(Node::new(AgentState::in_memory("n")));
+            let barrier = Arc::new(std::sync::Barrier::new(8));
+            let threads: Vec<_> = (0..8)
+                .map(|i| {
+                    let (node, barrier) = (node.clone(), barrier.clone());
+                    std::thread::spawn(move || {
+                        let assignment = r#"{"version":1,"containers":{"main":[{"gpuIndex":0,"memoryMiB":8192,"corePercent":10}]}}"#;
+                        let pod = PodSandbox {
+                            id: format!("sb{i}"),
+                            name: format!("p{i}"),
+                            uid: format!("uid-{i}"),
+                            namespace: "default".into(),
+                            annotations: [(
+                                ASSIGNMENT_ANNOTATION.to_string(),
+                                assignment.to_string(),
+                            )]
+                            .into(),
+                            ..Default::default()
+                        };
+                        let mut c = ctr(&format!("c{i}"), "main", "8", "10", NriState::CONTAINER_CREATED);
+                        c.pod_sandbox_id = pod.id.clone();
+                        barrier.wait();
+                        node.admit(&pod, &c).is_ok()
+                    })
+                })
+                .collect();
+            let admitted = threads
+                .into_iter()
+                .map(|t| t.join().unwrap())
+                .filter(|&ok| ok)
+                .count();
+            assert_eq!(admitted, 1);
+            assert_eq!(node.registry.committed(0, "").memory_mib, 8192);
         }
     }
 

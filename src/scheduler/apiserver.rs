@@ -87,47 +87,41 @@ pub async fn watch_nodes(client: kube::Client, ext: Arc<Extender>) {
         .default_backoff()
         .boxed();
     while let Some(ev) = stream.next().await {
-        if matches!(
-            ev,
-            Ok(Event::InitApply(_) | Event::Apply(_) | Event::Delete(_))
-        ) {
-            ext.metrics.node_events.fetch_add(1, Ordering::Relaxed);
+        node_event(&ext, &mut seen, ev);
+    }
+}
+
+/// One event of the node watch. The nodes of a list (at start, and after a watch restart)
+/// are taken without rebuilding the engine, which is rebuilt once when the list is complete:
+/// a rebuild per listed node re-applies every allocation each time, O(nodes²) for a start.
+fn node_event(ext: &Extender, seen: &mut HashSet<String>, ev: Result<Event<Node>, watcher::Error>) {
+    if matches!(
+        ev,
+        Ok(Event::InitApply(_) | Event::Apply(_) | Event::Delete(_))
+    ) {
+        ext.metrics.node_events.fetch_add(1, Ordering::Relaxed);
+    }
+    let c = || ext.cluster.lock().unwrap_or_else(|e| e.into_inner());
+    match ev {
+        Ok(Event::Init) => seen.clear(),
+        Ok(Event::InitApply(n)) => {
+            seen.insert(n.metadata.name.clone().unwrap_or_default());
+            c().set_node_deferred(&n);
         }
-        match ev {
-            Ok(Event::Init) => seen.clear(),
-            Ok(Event::InitApply(n)) => {
-                seen.insert(n.metadata.name.clone().unwrap_or_default());
-                ext.cluster
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .set_node(&n);
+        Ok(Event::InitDone) => {
+            c().retain_nodes(seen);
+            ext.synced_nodes.store(true, Ordering::Release);
+            tracing::info!(nodes = seen.len(), "node cache synced");
+        }
+        Ok(Event::Apply(n)) => c().set_node(&n),
+        Ok(Event::Delete(n)) => {
+            if let Some(name) = n.metadata.name.as_deref() {
+                c().remove_node(name);
             }
-            Ok(Event::InitDone) => {
-                ext.cluster
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .retain_nodes(&seen);
-                ext.synced_nodes.store(true, Ordering::Release);
-                tracing::info!(nodes = seen.len(), "node cache synced");
-            }
-            Ok(Event::Apply(n)) => {
-                ext.cluster
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .set_node(&n);
-            }
-            Ok(Event::Delete(n)) => {
-                if let Some(name) = n.metadata.name.as_deref() {
-                    ext.cluster
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .remove_node(name);
-                }
-            }
-            Err(e) => {
-                ext.metrics.watch_restarts.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!("node watch: {e}");
-            }
+        }
+        Err(e) => {
+            ext.metrics.watch_restarts.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!("node watch: {e}");
         }
     }
 }
@@ -183,5 +177,90 @@ pub async fn watch_pods(client: kube::Client, ext: Arc<Extender>) {
                 tracing::warn!("pod watch: {e}");
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    use gpushare_core::request::node::{NODE_GPUS_ANNOTATION, NodeGpus};
+
+    use crate::kubeobjects::PodKey;
+    use crate::scheduler::cache::Cluster;
+
+    /// Never asked: node events bind nothing.
+    struct NoBinder;
+
+    #[async_trait]
+    impl Binder for NoBinder {
+        async fn get_pod(&self, _: &PodKey) -> Result<Pod, ApiError> {
+            unreachable!("node events read no pod")
+        }
+        async fn bind(
+            &self,
+            _: &PodKey,
+            _: &str,
+            _: &str,
+            _: &Annotations,
+        ) -> Result<(), ApiError> {
+            unreachable!("node events bind nothing")
+        }
+    }
+
+    fn node(name: &str) -> Node {
+        let mut n = Node::default();
+        n.metadata.name = Some(name.into());
+        n.metadata.annotations = Some(
+            [(
+                NODE_GPUS_ANNOTATION.to_string(),
+                NodeGpus::uniform(2, "sim", 15360).to_json(),
+            )]
+            .into(),
+        );
+        n
+    }
+
+    #[test]
+    fn a_listed_cluster_is_built_once() {
+        let cluster = Cluster::new(
+            "gpushare",
+            gpushare_core::request::ResourceNames::default(),
+            std::time::Duration::from_secs(60),
+        );
+        let ext = Extender::new(cluster, Arc::new(NoBinder));
+        let rebuilds = || ext.cluster.lock().unwrap().rebuilds();
+        let before = rebuilds();
+        let mut seen = HashSet::new();
+        node_event(&ext, &mut seen, Ok(Event::Init));
+        for i in 0..100 {
+            node_event(
+                &ext,
+                &mut seen,
+                Ok(Event::InitApply(node(&format!("n{i}")))),
+            );
+        }
+        assert_eq!(rebuilds(), before, "nothing rebuilt while the list comes");
+        assert!(!ext.synced_nodes.load(Ordering::Acquire));
+        node_event(&ext, &mut seen, Ok(Event::InitDone));
+        assert_eq!(rebuilds(), before + 1, "one rebuild for the whole list");
+        assert!(ext.synced_nodes.load(Ordering::Acquire));
+        assert_eq!(ext.cluster.lock().unwrap().engine().nodes().len(), 100);
+        // After the list, each change is taken at once.
+        node_event(&ext, &mut seen, Ok(Event::Apply(node("n100"))));
+        assert_eq!(rebuilds(), before + 2);
+        assert_eq!(ext.cluster.lock().unwrap().engine().nodes().len(), 101);
+        // A relist that no longer has n0 and n100 drops them, in one rebuild.
+        node_event(&ext, &mut seen, Ok(Event::Init));
+        for i in 1..100 {
+            node_event(
+                &ext,
+                &mut seen,
+                Ok(Event::InitApply(node(&format!("n{i}")))),
+            );
+        }
+        node_event(&ext, &mut seen, Ok(Event::InitDone));
+        assert_eq!(rebuilds(), before + 3);
+        assert_eq!(ext.cluster.lock().unwrap().engine().nodes().len(), 99);
     }
 }

@@ -610,6 +610,12 @@ impl Cluster {
         self.pending = true;
     }
 
+    /// Whether the cache holds resources for pod `uid` (reserved by a bind, or seen bound by
+    /// the watch).
+    pub fn holds(&self, uid: &str) -> bool {
+        self.allocations.contains_key(uid) || self.host_pods.contains_key(uid)
+    }
+
     /// The pod is gone (deleted, terminated or binding failed).
     pub fn forget_pod(&mut self, uid: &str) {
         if let Some(a) = self.allocations.remove(uid) {

@@ -415,6 +415,11 @@ impl Extender {
     /// changed since: a pod's containers' resources, scheduler name and UID are fixed until
     /// it is bound, and the Binding itself is refused if it was bound or replaced
     /// meanwhile), else read from the API server.
+    ///
+    /// Read from the API server also when the cache already holds the pod: an earlier bind
+    /// of it went through (its answer lost, or later than kube-scheduler waited) or the watch
+    /// saw it bound. Filter's copy is from before that; the API server says whether it is
+    /// bound, before anything held for it is given back.
     async fn pod_to_bind(&self, key: &PodKey, uid: &str) -> Result<Pod, ApiError> {
         if !uid.is_empty()
             && let Some(p) = self
@@ -422,6 +427,7 @@ impl Extender {
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .take(uid, key)
+            && !self.lock().holds(uid)
         {
             return Ok(p);
         }
@@ -559,6 +565,8 @@ impl Extender {
             .into());
         }
         if let Some(bound) = pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) {
+            // What the pod holds is what it carries, as the watch will say.
+            self.lock().observe_pod(&pod);
             return Err(BindRefusal::AlreadyBound {
                 pod: shown(&key),
                 node: Echo::new(bound),
@@ -585,10 +593,15 @@ impl Extender {
             // What the pod holds now is what it carries: bound after all (by an earlier
             // attempt whose answer was lost, or by someone else), the cache takes its
             // assignment, if any, from the pod as the watch would; else nothing.
-            let now = self.binder.get_pod(&key).await.ok();
+            let Ok(now) = self.binder.get_pod(&key).await else {
+                // Bound or not is unknown: what was reserved stays held (the watch tells, or
+                // the reservation expires), rather than a bound pod's GPUs given away.
+                tracing::warn!(pod = %key, "bind failed and the pod cannot be read: its reservation stays until the watch shows the pod or it expires");
+                return Err(e.into());
+            };
             let mut c = self.lock();
             c.forget_pod(&uid);
-            if let Some(now) = now.filter(|p| {
+            if let Some(now) = Some(now).filter(|p| {
                 p.metadata.uid.as_deref() == Some(&uid)
                     && p.spec
                         .as_ref()
@@ -959,6 +972,8 @@ mod tests {
         Conflict,
         /// Ours went through, but its answer was lost.
         AnswerLost,
+        /// Ours went through, its answer was lost, and the pod cannot be read afterwards.
+        AnswerLostUnreadable,
     }
 
     /// One GPU pod `default/g` (2 GiB, 30 %) with a scheduler name; `bind` waits for `gate`
@@ -973,6 +988,8 @@ mod tests {
         /// Every Binding asked for.
         bindings: std::sync::Mutex<Vec<Annotations>>,
         reads: AtomicU64,
+        /// `get_pod` fails (set by a Binding ending `AnswerLostUnreadable`).
+        unreadable: std::sync::atomic::AtomicBool,
     }
 
     impl GpuPod {
@@ -985,6 +1002,7 @@ mod tests {
                 end,
                 bindings: Default::default(),
                 reads: AtomicU64::new(0),
+                unreadable: Default::default(),
             })
         }
     }
@@ -995,6 +1013,15 @@ mod tests {
             use k8s_openapi::api::core::v1::{Container, PodSpec, ResourceRequirements};
             use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
             self.reads.fetch_add(1, Ordering::Relaxed);
+            if self.unreadable.load(Ordering::Relaxed) {
+                return Err(ApiError::GetPod {
+                    pod: PodKey {
+                        namespace: "default".into(),
+                        name: "g".into(),
+                    },
+                    source: "429 Too Many Requests".into(),
+                });
+            }
             let mut p = Pod::default();
             p.metadata.annotations = self.annotations.lock().unwrap().clone();
             p.metadata.namespace = Some("default".into());
@@ -1047,6 +1074,11 @@ mod tests {
                 BindEnd::Conflict => Err(err("409 Conflict: pod is already assigned")),
                 BindEnd::AnswerLost => {
                     *self.annotations.lock().unwrap() = Some(a.clone());
+                    Err(err("connection reset"))
+                }
+                BindEnd::AnswerLostUnreadable => {
+                    *self.annotations.lock().unwrap() = Some(a.clone());
+                    self.unreadable.store(true, Ordering::Relaxed);
                     Err(err("connection reset"))
                 }
             }
@@ -1240,6 +1272,64 @@ mod tests {
         let e = ext.bind_inner(&bind_g("a")).await.unwrap_err();
         assert!(e.to_string().contains("already bound"), "{e}");
         assert_eq!(held(&ext), Some(1));
+    }
+
+    #[tokio::test]
+    async fn a_retried_bind_never_gives_away_a_bound_pods_gpus() {
+        let key = PodKey {
+            namespace: "default".into(),
+            name: "g".into(),
+        };
+        let filter_g = |ext: &Extender, pod: &Pod| {
+            let body = serde_json::to_vec(&ExtenderArgs {
+                pod: Some(pod.clone()),
+                nodes: None,
+                node_names: Some(vec!["a".into()]),
+            })
+            .unwrap();
+            let r = ext.filter_body(&body);
+            assert_eq!(r.node_names.as_deref(), Some(&["a".to_string()][..]));
+        };
+        let held = |ext: &Extender| ext.allocations_json()["allocations"].clone();
+
+        // Bound, and seen so by the watch; kube-scheduler (its wait for the answer over)
+        // filters the pod again from its own stale copy and binds it again: refused, and the
+        // pod keeps what it holds. Before, the retry gave the GPUs back and reserved anew
+        // from filter's stale copy, leaving them free to others while its Binding failed.
+        let binder = GpuPod::new(None, BindEnd::Ok);
+        let unbound = binder.get_pod(&key).await.unwrap();
+        let ext = Extender::new(gpu_cluster(), binder.clone());
+        ext.synced_nodes.store(true, Ordering::Release);
+        ext.synced_pods.store(true, Ordering::Release);
+        filter_g(&ext, &unbound);
+        binder.gate.notify_one();
+        ext.bind_inner(&bind_g("a")).await.expect("bound");
+        let bound = binder.get_pod(&key).await.unwrap();
+        ext.lock().observe_pod(&bound);
+        let before = held(&ext);
+        assert_eq!(before.as_array().map(Vec::len), Some(1), "{before}");
+        filter_g(&ext, &unbound);
+        let e = tokio::time::timeout(
+            std::time::Duration::from_secs(5),
+            ext.bind_inner(&bind_g("a")),
+        )
+        .await
+        .expect("the retry does not reach a Binding")
+        .unwrap_err();
+        assert!(e.to_string().contains("already bound"), "{e}");
+        assert_eq!(held(&ext), before, "the bound pod keeps its GPUs");
+        assert_eq!(binder.bindings.lock().unwrap().len(), 1, "one Binding");
+
+        // The Binding went through, its answer was lost, and the pod cannot be read: bound
+        // or not is unknown, so the reservation stays (the watch or its expiry settles it).
+        let binder = GpuPod::new(None, BindEnd::AnswerLostUnreadable);
+        let ext = Extender::new(gpu_cluster(), binder.clone());
+        ext.synced_nodes.store(true, Ordering::Release);
+        ext.synced_pods.store(true, Ordering::Release);
+        binder.gate.notify_one();
+        assert!(ext.bind_inner(&bind_g("a")).await.unwrap_err().is_fault());
+        let allocs = held(&ext);
+        assert_eq!(allocs.as_array().map(Vec::len), Some(1), "{allocs}");
     }
 
     #[tokio::test]

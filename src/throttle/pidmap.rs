@@ -111,10 +111,45 @@ fn read_starttime(pid_dir: &Path) -> Option<u64> {
 /// The container owning cgroup `path` (absolute, as in `/proc/PID/cgroup`): the deepest of
 /// its ancestors (itself included) listed in `containers`.
 fn lookup(path: &Path, containers: &HashMap<PathBuf, String>) -> Option<String> {
-    let rel = CgroupFs::relative_path(path.to_str()?).ok()?;
+    let path = path.to_str()?;
+    if let Some(rest) = outside_own_namespace(path) {
+        return lookup_by_suffix(&rest, containers);
+    }
+    let rel = CgroupFs::relative_path(path).ok()?;
     rel.ancestors()
         .filter(|a| !a.as_os_str().is_empty())
         .find_map(|a| containers.get(a).cloned())
+}
+
+/// For a process outside the reader's cgroup namespace, the components of its path below
+/// the `..` steps. The kernel shows another process's cgroup relative to the reader's
+/// namespace root: an agent in a container of its own cgroup namespace (cgroup v2, a
+/// container that is not privileged) reads `/../../kubepods.slice/…/cri-containerd-ID.scope`
+/// for the others. `None` for a path inside the namespace (or the root).
+fn outside_own_namespace(path: &str) -> Option<Vec<&str>> {
+    let mut parts = path.split('/').filter(|c| !c.is_empty()).peekable();
+    if parts.peek() != Some(&"..") {
+        return None;
+    }
+    Some(parts.skip_while(|c| *c == "..").collect())
+}
+
+/// [`lookup`] for a path known only below an unknown ancestor: the deepest of its ancestors
+/// that ends exactly one container's path. A container's own cgroup (its leaf names the
+/// container) is unique, so its suffix is too; an ancestor that ends several (or none) is
+/// passed over.
+fn lookup_by_suffix(rest: &[&str], containers: &HashMap<PathBuf, String>) -> Option<String> {
+    (1..=rest.len()).rev().find_map(|k| {
+        let tail = &rest[..k];
+        let mut found = containers.iter().filter(|(p, _)| {
+            let comps: Vec<&str> = p.iter().filter_map(|c| c.to_str()).collect();
+            comps.len() >= tail.len() && comps[comps.len() - tail.len()..] == *tail
+        });
+        match (found.next(), found.next()) {
+            (Some((_, id)), None) => Some(id.clone()),
+            _ => None,
+        }
+    })
 }
 
 #[cfg(test)]
@@ -244,6 +279,63 @@ mod tests {
         assert_eq!(pm.container_of(105, &map_of).as_deref(), Some("def"));
         assert_eq!(pm.container_of(999, &map_of), None, "no such process");
         assert_eq!(pm.len(), 6, "gone processes are not cached");
+    }
+
+    /// The agent in a container with a cgroup namespace of its own (cgroup v2, not
+    /// privileged) reads the others' cgroups through `..`: they are found by the end of
+    /// their path.
+    #[test]
+    fn v2_from_inside_a_cgroup_namespace() {
+        let proc = FakeProc::new();
+        let leaf =
+            "kubepods-burstable.slice/kubepods-burstable-pod1.slice/cri-containerd-abc.scope";
+        proc.set(300, 7, &format!("0::/../../{leaf}\n"));
+        proc.set(301, 8, &format!("0::/../../{leaf}/worker\n"));
+        proc.set(
+            302,
+            9,
+            "0::/../../kubepods-burstable.slice/kubepods-burstable-pod1.slice\n",
+        );
+        proc.set(303, 10, "0::/..\n");
+        proc.set(304, 11, "0::/../../other.slice/cri-containerd-abc.scope\n");
+        let map_of = containers(&[
+            (&format!("/kubepods.slice/{leaf}"), "abc"),
+            (
+                "/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod2.slice/cri-containerd-def.scope",
+                "def",
+            ),
+        ]);
+        let mut pm = PidMap::new(proc.dir.path(), CgroupVersion::V2);
+        assert_eq!(pm.container_of(300, &map_of).as_deref(), Some("abc"));
+        assert_eq!(
+            pm.container_of(301, &map_of).as_deref(),
+            Some("abc"),
+            "a sub-cgroup"
+        );
+        assert_eq!(pm.container_of(302, &map_of), None, "the pod's cgroup");
+        assert_eq!(
+            pm.container_of(303, &map_of),
+            None,
+            "an ancestor of the agent"
+        );
+        assert_eq!(
+            pm.container_of(304, &map_of),
+            None,
+            "the leaf's name under another parent is not the container"
+        );
+        // Two containers ending alike: neither is guessed.
+        let twins = containers(&[
+            ("/a/x/cri-containerd-abc.scope", "one"),
+            ("/b/x/cri-containerd-abc.scope", "two"),
+        ]);
+        proc.set(305, 12, "0::/../x/cri-containerd-abc.scope\n");
+        assert_eq!(pm.container_of(305, &twins), None);
+        assert_eq!(
+            outside_own_namespace("/kubepods.slice/a"),
+            None,
+            "inside the namespace"
+        );
+        assert_eq!(outside_own_namespace("/../..a/b"), Some(vec!["..a", "b"]));
     }
 
     #[test]

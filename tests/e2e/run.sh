@@ -228,6 +228,12 @@ for V in "${VERSIONS[@]}"; do
     else
         e2e_check "$V: no-GPU container with NVIDIA_VISIBLE_DEVICES=all created" false
     fi
+    # The same variable twice (kubelet never repeats one; an image's config or a CRI client
+    # can): the runtime adjusts the first copy only and the second overrides it, so the
+    # container is refused rather than run with NVIDIA_VISIBLE_DEVICES=all.
+    e2e_write_pod twice "" "" "" "" '{"envs":[{"key":"NVIDIA_VISIBLE_DEVICES","value":"all"},{"key":"NVIDIA_VISIBLE_DEVICES","value":"all"}]}'
+    e2e_check "$V: a container repeating NVIDIA_VISIBLE_DEVICES is refused" \
+        create_refused twice "sets NVIDIA_VISIBLE_DEVICES 2 times"
 
     bad_inputs
     limiter_checks

@@ -95,6 +95,31 @@ pub fn neutralize_non_gpu(env: &[String]) -> Option<Adjustment> {
     })
 }
 
+/// Whether gpushare sets or clears variable `key` in some container: `NVIDIA_*`,
+/// `CUDA_MPS_*`, `GPUSHARE_*` and the ACK-compatible `ALIYUN_COM_GPU_*`.
+pub fn is_gpu_env(key: &str) -> bool {
+    ["NVIDIA_", "CUDA_MPS_", "GPUSHARE_", "ALIYUN_COM_GPU_"]
+        .iter()
+        .any(|p| key.starts_with(p))
+}
+
+/// The first variable gpushare adjusts ([`is_gpu_env`]) that the environment (`KEY=VALUE`
+/// entries) holds more than once, with its count. A runtime applies an adjustment to the
+/// first entry of a key only (NRI's `AdjustEnv`; a later entry then overwrites it), so a
+/// container whose image or spec repeats such a key could keep, say,
+/// `NVIDIA_VISIBLE_DEVICES=all` past `void`: it is refused instead.
+pub fn repeated_gpu_env(env: &[String]) -> Option<(&str, usize)> {
+    let mut keys: Vec<&str> = env
+        .iter()
+        .map(|kv| env_key(kv))
+        .filter(|k| is_gpu_env(k))
+        .collect();
+    keys.sort_unstable();
+    keys.chunk_by(|a, b| a == b)
+        .find(|run| run.len() > 1)
+        .map(|run| (run[0], run.len()))
+}
+
 /// For a GPU container: device-selecting variables other than the ones gpushare sets, and
 /// (unless the MPS backend sets them) `CUDA_MPS_*` variables, cleared, so that
 /// an image's `NVIDIA_MIG_CONFIG_DEVICES=all` or a pod's `CUDA_MPS_PIPE_DIRECTORY` cannot
@@ -315,6 +340,49 @@ pub fn build(
 mod tests {
     use super::*;
     use crate::request::AssignedGpu;
+
+    #[test]
+    fn a_repeated_gpu_variable_is_found() {
+        let env = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            repeated_gpu_env(&env(&[
+                "PATH=/bin",
+                "NVIDIA_VISIBLE_DEVICES=void",
+                "HOME=/",
+                "NVIDIA_VISIBLE_DEVICES=all",
+            ])),
+            Some(("NVIDIA_VISIBLE_DEVICES", 2))
+        );
+        assert_eq!(
+            repeated_gpu_env(&env(&[
+                "GPUSHARE_GPU_UUID=a",
+                "X=1",
+                "GPUSHARE_GPU_UUID",
+                "GPUSHARE_GPU_UUID=b"
+            ])),
+            Some(("GPUSHARE_GPU_UUID", 3))
+        );
+        assert_eq!(
+            repeated_gpu_env(&env(&[
+                "CUDA_MPS_PIPE_DIRECTORY=/a",
+                "CUDA_MPS_PIPE_DIRECTORY=/b"
+            ])),
+            Some(("CUDA_MPS_PIPE_DIRECTORY", 2))
+        );
+        // Other repeated variables, and each GPU variable once, are left alone.
+        assert_eq!(
+            repeated_gpu_env(&env(&[
+                "PATH=/a",
+                "PATH=/b",
+                "NVIDIA_VISIBLE_DEVICES=all",
+                "NVIDIA_DRIVER_CAPABILITIES=all",
+                "ALIYUN_COM_GPU_MEM_IDX=0",
+                "CUDA_VERSION=12",
+                "CUDA_VERSION=12",
+            ])),
+            None
+        );
+    }
     use proptest::prelude::*;
     use std::collections::BTreeMap;
 

@@ -137,6 +137,7 @@ fn load() -> Loaded {
         limiter.unmap();
         return Err(format!("region {} unusable: {e}", paths.region.display()));
     }
+    limiter.free_slots_of_an_earlier_image();
     Ok(limiter)
 }
 
@@ -305,6 +306,24 @@ impl Limiter {
             );
             None
         })
+    }
+
+    /// At load (once per image, before any thread of it claims a slot): a slot this process
+    /// already owns was claimed by the image it had before an `exec` (same PID and start
+    /// time, so it never looks dead). That image's GPU memory went with its address space
+    /// and descriptors: its counts are stale, and the slot is freed.
+    fn free_slots_of_an_earlier_image(&self) {
+        let Some(me) = own_owner_word() else {
+            return;
+        };
+        for slot in self.slots() {
+            let owner = slot.owner.load(SeqCst);
+            if owner != OwnerWord::FREE && OwnerWord(owner).settled().0 == me.0 {
+                let _ = slot
+                    .owner
+                    .compare_exchange(owner, OwnerWord::FREE, SeqCst, SeqCst);
+            }
+        }
     }
 
     /// Frees the slots of processes that are gone; returns how many.

@@ -264,8 +264,15 @@ fn num(s: Option<&str>) -> usize {
         .unwrap_or_else(|| fail(&format!("bad number {s:?}")))
 }
 
+/// How many of the process's arguments come before its steps (for `exec`).
+static ARGS_BEFORE_STEPS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
 /// Runs the steps, printing one line each.
 pub fn run(cuda: &Cuda, steps: &[String]) {
+    ARGS_BEFORE_STEPS.store(
+        std::env::args().count().saturating_sub(steps.len()),
+        std::sync::atomic::Ordering::Relaxed,
+    );
     run_steps(cuda, steps, &mut Vec::new(), "");
 }
 
@@ -533,6 +540,25 @@ fn run_steps(cuda: &Cuda, steps: &[String], held: &mut Vec<Held>, prefix: &str) 
                         None => format!("{op} rc=timeout"),
                     },
                 }
+            }
+            "exec" => {
+                // `exec:STEPS`: the probe again in this process (same PID and start time),
+                // running STEPS (after the ':', separated by '/').
+                use std::os::unix::process::CommandExt;
+                let steps: Vec<String> = step
+                    .split_once(':')
+                    .map(|(_, rest)| rest.split('/').map(str::to_string).collect())
+                    .unwrap_or_default();
+                let args: Vec<String> = std::env::args()
+                    .take(ARGS_BEFORE_STEPS.load(std::sync::atomic::Ordering::Relaxed))
+                    .collect();
+                let _ = out.flush();
+                let err = std::process::Command::new("/proc/self/exe")
+                    .arg0(&args[0])
+                    .args(&args[1..])
+                    .args(&steps)
+                    .exec();
+                format!("exec rc=-1 {err}")
             }
             "fork-race" => fork_race(cuda, num(parts.next())),
             "ready" => "ready".to_string(),
