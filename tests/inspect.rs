@@ -599,14 +599,18 @@ fn command_line() {
         .args;
     assert!(a.details && !a.json);
     assert_eq!(a.unit, MemoryUnit::MiB);
-    assert_eq!(a.resource_names(), ResourceNames::default());
+    assert_eq!(a.resource_names().unwrap(), ResourceNames::default());
     assert_eq!(a.nodes, ["node-a", "node-b"]);
     let a = Cli::try_parse_from(["inspect", "--json", "--memory-unit", "MiB"])
         .unwrap()
         .args;
     assert!(a.json && a.nodes.is_empty());
     assert_eq!(a.unit, MemoryUnit::GiB);
-    assert_eq!(a.resource_names().memory_unit, MemoryUnit::MiB);
+    assert_eq!(a.resource_names().unwrap().memory_unit, MemoryUnit::MiB);
+    let a = Cli::try_parse_from(["inspect", "--memory-resource", "example.com/vgpu-mem"])
+        .unwrap()
+        .args;
+    assert_eq!(a.resource_names().unwrap().memory, "example.com/vgpu-mem");
     let e = Cli::try_parse_from(["inspect", "--json", "-d"]).unwrap_err();
     assert!(e.to_string().contains("cannot be used with"), "{e}");
     let e = Cli::try_parse_from(["inspect", "--unit", "GB"]).unwrap_err();

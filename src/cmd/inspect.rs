@@ -28,17 +28,16 @@ pub struct InspectArgs {
     /// --memory-unit; used for nodes whose GPUs are inferred from their allocatable memory.
     #[arg(long, default_value = "GiB", value_parser = clap::value_parser!(MemoryUnit))]
     pub memory_unit: MemoryUnit,
+    #[command(flatten)]
+    pub resources: super::scheduler::ResourceNameArgs,
     /// Only these nodes (default: every GPU node).
     #[arg(value_name = "NODE")]
     pub nodes: Vec<String>,
 }
 
 impl InspectArgs {
-    pub fn resource_names(&self) -> ResourceNames {
-        ResourceNames {
-            memory_unit: self.memory_unit,
-            ..ResourceNames::default()
-        }
+    pub fn resource_names(&self) -> anyhow::Result<ResourceNames> {
+        self.resources.names(self.memory_unit)
     }
 }
 
@@ -52,7 +51,7 @@ pub fn run(args: &InspectArgs) -> anyhow::Result<()> {
         let client = crate::kubeclient::client(args.kubeconfig.as_deref()).await?;
         Ok::<_, anyhow::Error>(inspect::fetch(client).await?)
     })?;
-    let view = inspect::build(&nodes, &pods, &args.resource_names(), &args.nodes)?;
+    let view = inspect::build(&nodes, &pods, &args.resource_names()?, &args.nodes)?;
     let out = if args.json {
         inspect::render::json(&view)
     } else if args.details {

@@ -202,6 +202,9 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<()> {
         );
         let gpus = (state.node_name.clone(), state.inventory.clone());
         let node = Arc::new(Node::new(state));
+        if cfg.nri {
+            node.require_nri();
+        }
         let Backend { source, health, .. } = backend;
         let controller = start_controller(&cfg, &node, source)?;
         if let Some(addr) = cfg.status_listen.clone() {
@@ -236,9 +239,13 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<()> {
             let plugins = dp.plugins_handle();
             let all: Vec<u32> = gpus.1.gpus.iter().map(|g| g.index).collect();
             let node = node.clone();
-            tokio::spawn(crate::gpu::health::poll(health, HEALTH_PERIOD, move |u| {
-                plugins.set_unhealthy(node.advertised_unhealthy(u, &all))
-            }))
+            let wake = node.advertise_changed.clone();
+            tokio::spawn(crate::gpu::health::poll(
+                health,
+                HEALTH_PERIOD,
+                wake,
+                move |u| plugins.set_unhealthy(node.advertised_unhealthy(u, &all)),
+            ))
         });
         let reg = Registration {
             name: cfg.plugin_name.clone(),

@@ -36,6 +36,8 @@ pub struct SchedulerArgs {
     /// Unit of the memory resource: GiB or MiB.
     #[arg(long, default_value = "GiB", value_parser = clap::value_parser!(MemoryUnit))]
     pub memory_unit: MemoryUnit,
+    #[command(flatten)]
+    pub resources: ResourceNameArgs,
     #[arg(long, default_value = "info")]
     pub log_level: String,
     /// Serving certificate (PEM) of the extender's HTTPS endpoint.
@@ -55,6 +57,84 @@ pub struct SchedulerArgs {
     /// Only pods with this `schedulerName` are bound (repeat for several profiles).
     #[arg(long = "scheduler-name", default_values_t = [String::from("default-scheduler"), String::from("gpushare-scheduler")])]
     pub scheduler_names: Vec<String>,
+}
+
+/// The extended-resource names GPU pods ask for: the node agent's `[resources]`, and
+/// kube-scheduler's `managedResources` for the extender. The same three everywhere.
+#[derive(Args, Debug, Clone)]
+pub struct ResourceNameArgs {
+    /// Name of the GPU-memory resource.
+    #[arg(long, default_value = "aliyun.com/gpu-mem", value_parser = extended_resource_name)]
+    pub memory_resource: String,
+    /// Name of the compute (percent of one GPU) resource.
+    #[arg(long, default_value = "aliyun.com/gpu-core.percentage", value_parser = extended_resource_name)]
+    pub core_resource: String,
+    /// Name of the whole-GPU count resource.
+    #[arg(long, default_value = "aliyun.com/gpu-count", value_parser = extended_resource_name)]
+    pub count_resource: String,
+}
+
+impl ResourceNameArgs {
+    /// The names with `memory_unit`; an error names two flags given the same resource.
+    pub fn names(&self, memory_unit: MemoryUnit) -> anyhow::Result<ResourceNames> {
+        let (m, c, n) = (
+            &self.memory_resource,
+            &self.core_resource,
+            &self.count_resource,
+        );
+        for (a, b, x, y) in [
+            ("--memory-resource", "--core-resource", m, c),
+            ("--memory-resource", "--count-resource", m, n),
+            ("--core-resource", "--count-resource", c, n),
+        ] {
+            if x == y {
+                anyhow::bail!("{a} and {b} are both {x:?}: the three resources need three names");
+            }
+        }
+        Ok(ResourceNames {
+            memory: m.clone(),
+            core: c.clone(),
+            count: n.clone(),
+            memory_unit,
+        })
+    }
+}
+
+/// An extended resource name as Kubernetes accepts one: `DOMAIN/NAME`, the domain a DNS
+/// subdomain outside `kubernetes.io`, the name 1–63 characters of letters, digits, `-`, `_`
+/// and `.` that begin and end with a letter or digit.
+pub fn extended_resource_name(s: &str) -> Result<String, String> {
+    let Some((domain, name)) = s.split_once('/') else {
+        return Err(format!("{s:?} is not DOMAIN/NAME"));
+    };
+    let label_ok = |l: &str| {
+        !l.is_empty()
+            && l.len() <= 63
+            && l.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            && !l.starts_with('-')
+            && !l.ends_with('-')
+    };
+    if domain.len() > 253 || !domain.split('.').all(label_ok) {
+        return Err(format!("{s:?}: {domain:?} is not a DNS subdomain"));
+    }
+    if domain == "kubernetes.io" || domain.ends_with(".kubernetes.io") {
+        return Err(format!("{s:?}: the kubernetes.io domain is reserved"));
+    }
+    let alnum = |b: Option<u8>| b.is_some_and(|b| b.is_ascii_alphanumeric());
+    let name_ok = !name.is_empty()
+        && name.len() <= 63
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+        && alnum(name.bytes().next())
+        && alnum(name.bytes().last());
+    if !name_ok {
+        return Err(format!(
+            "{s:?}: {name:?} must be 1-63 letters, digits, '-', '_' or '.', beginning and ending with a letter or digit"
+        ));
+    }
+    Ok(s.to_string())
 }
 
 pub fn run(args: &SchedulerArgs) -> anyhow::Result<()> {
@@ -83,10 +163,7 @@ pub fn run(args: &SchedulerArgs) -> anyhow::Result<()> {
     };
     let settings = crate::scheduler::Settings {
         policy: args.policy.clone(),
-        names: ResourceNames {
-            memory_unit: args.memory_unit,
-            ..Default::default()
-        },
+        names: args.resources.names(args.memory_unit)?,
         assume_ttl: Duration::from_secs(args.assume_ttl_secs),
         scheduler_names: args.scheduler_names.clone(),
         filter_best: args.filter_best,
@@ -109,4 +186,77 @@ pub fn run(args: &SchedulerArgs) -> anyhow::Result<()> {
             .await
             .context("extender server")
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: SchedulerArgs,
+    }
+
+    #[test]
+    fn resource_names_are_taken_and_checked() {
+        let parse = |extra: &[&str]| {
+            Cli::try_parse_from(["scheduler"].iter().chain(extra))
+                .map(|c| c.args)
+                .map_err(|e| e.to_string())
+        };
+        let d = parse(&[]).unwrap();
+        assert_eq!(
+            d.resources.names(d.memory_unit).unwrap(),
+            ResourceNames::default()
+        );
+        let c = parse(&[
+            "--memory-resource=example.com/vgpu-memory",
+            "--core-resource",
+            "example.com/vgpu-cores",
+            "--count-resource=example.com/vgpu",
+            "--memory-unit=MiB",
+        ])
+        .unwrap();
+        let n = c.resources.names(c.memory_unit).unwrap();
+        assert_eq!(
+            (
+                n.memory.as_str(),
+                n.core.as_str(),
+                n.count.as_str(),
+                n.memory_unit
+            ),
+            (
+                "example.com/vgpu-memory",
+                "example.com/vgpu-cores",
+                "example.com/vgpu",
+                MemoryUnit::MiB
+            )
+        );
+        for (bad, why) in [
+            ("gpu-mem", "is not DOMAIN/NAME"),
+            ("Example.com/gpu", "is not a DNS subdomain"),
+            ("example.com/-gpu", "must be 1-63"),
+            ("example.com/", "must be 1-63"),
+            ("example.com/a/b", "must be 1-63"),
+            ("node.kubernetes.io/gpu", "reserved"),
+        ] {
+            let e = parse(&["--memory-resource", bad]).unwrap_err();
+            assert!(
+                e.contains("--memory-resource") && e.contains(why),
+                "{bad}: {e}"
+            );
+        }
+        let same = parse(&["--core-resource=aliyun.com/gpu-mem"]).unwrap();
+        let e = same
+            .resources
+            .names(same.memory_unit)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("--memory-resource and --core-resource are both"),
+            "{e}"
+        );
+    }
 }

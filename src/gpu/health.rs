@@ -115,6 +115,7 @@ impl HealthProbe for NvmlHealth {
 pub async fn poll(
     probe: Box<dyn HealthProbe>,
     period: Duration,
+    wake: Arc<tokio::sync::Notify>,
     publish: impl Fn(Unhealthy) + Send + 'static,
 ) {
     let probe = Arc::new(std::sync::Mutex::new(probe));
@@ -125,7 +126,11 @@ pub async fn poll(
             Ok(unhealthy) => publish(unhealthy),
             Err(e) => tracing::error!(error = %e, "GPU health probe failed"),
         }
-        tokio::time::sleep(period).await;
+        // Every period, or at once when `wake` says what is published may have changed.
+        tokio::select! {
+            _ = tokio::time::sleep(period) => {}
+            _ = wake.notified() => {}
+        }
     }
 }
 
@@ -158,9 +163,11 @@ mod tests {
             }
         }
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let wake = Arc::new(tokio::sync::Notify::new());
         let task = tokio::spawn(poll(
             Box::new(Flaky(0)),
             Duration::from_millis(1),
+            wake.clone(),
             move |u| {
                 let _ = tx.send(u);
             },
@@ -169,5 +176,21 @@ mod tests {
         let second = rx.recv().await.unwrap();
         task.abort();
         assert_eq!((first, second), (Unhealthy::new(), Unhealthy::from([2])));
+
+        // A period of an hour: the second reading comes when woken.
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let task = tokio::spawn(poll(
+            Box::new(Flaky(0)),
+            Duration::from_secs(3600),
+            wake.clone(),
+            move |u| {
+                let _ = tx.send(u);
+            },
+        ));
+        assert_eq!(rx.recv().await.unwrap(), Unhealthy::new());
+        wake.notify_one();
+        let second = tokio::time::timeout(Duration::from_secs(5), rx.recv()).await;
+        task.abort();
+        assert_eq!(second.unwrap().unwrap(), Unhealthy::from([2]));
     }
 }

@@ -146,6 +146,21 @@ impl LimiterHost {
     }
 }
 
+/// Removes the per-container directories under `dir` (its subdirectories; files are left)
+/// whose names are not in `keep`; returns how many. For containers removed while no agent
+/// was there to see it.
+fn sweep_container_dirs(dir: &std::path::Path, keep: &std::collections::HashSet<String>) -> usize {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .filter(|e| !e.file_name().to_str().is_some_and(|n| keep.contains(n)))
+        .filter(|e| std::fs::remove_dir_all(e.path()).is_ok())
+        .count()
+}
+
 #[derive(Debug, Clone)]
 pub struct SimNode {
     pub dir: std::path::PathBuf,
@@ -417,6 +432,8 @@ pub struct Node {
     pub stats: Stats,
     /// Records gathered from a split Synchronize until its last chunk.
     sync_buf: Mutex<Vec<ContainerRecord>>,
+    /// Every container id a split Synchronize listed, until its last chunk.
+    sync_ids: Mutex<std::collections::HashSet<String>>,
     /// Containers of a split Synchronize that could not be accounted, until its last chunk.
     sync_unaccounted: Mutex<BTreeMap<String, String>>,
     /// Running GPU containers that could not be accounted (id → why): while any is left,
@@ -436,6 +453,11 @@ pub struct Node {
     /// Held from a GPU container's over-commit check to its registration: the runtime-level
     /// modes' local API admits containers concurrently.
     admitting: Mutex<()>,
+    /// Set where containers are adjusted over NRI ([`Node::require_nri`]): while the runtime
+    /// is not connected and synchronized, it creates containers without the adjustment.
+    nri_required: AtomicBool,
+    /// Told when what the device plugin advertises may have changed (NRI up or down).
+    pub advertise_changed: Arc<tokio::sync::Notify>,
 }
 
 impl Node {
@@ -447,6 +469,7 @@ impl Node {
             registry: Arc::new(Registry::new()),
             stats: Stats::default(),
             sync_buf: Mutex::new(vec![]),
+            sync_ids: Default::default(),
             sync_unaccounted: Default::default(),
             unaccounted: Default::default(),
             on_runtime_config: Box::new(|_, _| {}),
@@ -454,6 +477,8 @@ impl Node {
             enforcement_down: RwLock::new(None),
             unconfirmed: Pending::new(Duration::from_secs(60)),
             admitting: Mutex::new(()),
+            nri_required: AtomicBool::new(false),
+            advertise_changed: Default::default(),
         }
     }
 
@@ -467,6 +492,7 @@ impl Node {
             registry: Arc::new(Registry::new()),
             stats: Stats::default(),
             sync_buf: Mutex::new(vec![]),
+            sync_ids: Default::default(),
             sync_unaccounted: Default::default(),
             unaccounted: Default::default(),
             on_runtime_config: Box::new(on_config),
@@ -474,6 +500,8 @@ impl Node {
             enforcement_down: RwLock::new(None),
             unconfirmed: Pending::new(Duration::from_secs(60)),
             admitting: Mutex::new(()),
+            nri_required: AtomicBool::new(false),
+            advertise_changed: Default::default(),
         }
     }
 
@@ -587,16 +615,29 @@ impl Node {
         self.check_enforcement(&state).err().map(|e| e.to_string())
     }
 
+    /// Containers are adjusted over NRI here: GPUs are advertised only while the runtime is
+    /// connected and synchronized ([`Node::advertised_unhealthy`]).
+    pub fn require_nri(&self) {
+        self.nri_required.store(true, Ordering::Release);
+    }
+
     /// The GPUs the device plugin should advertise as unhealthy: those `unhealthy` names,
-    /// and all of `all` while quotas cannot be enforced — so kubelet stops admitting GPU
-    /// pods here (allocatable drops to 0) instead of them failing at creation, or worse,
-    /// running unthrottled on a runtime that skips a dead plugin.
+    /// and all of `all` while quotas cannot be enforced, or while the runtime that must
+    /// adjust GPU containers over NRI is not connected and synchronized ([`Node::require_nri`])
+    /// — so kubelet stops admitting GPU pods here (allocatable drops to 0) instead of them
+    /// failing at creation, or worse, running unthrottled (a runtime creates containers
+    /// without a plugin that is not connected).
     pub fn advertised_unhealthy(
         &self,
         unhealthy: crate::gpu::health::Unhealthy,
         all: &[u32],
     ) -> crate::gpu::health::Unhealthy {
-        match self.enforcement_problem() {
+        let nri_down = (self.nri_required.load(Ordering::Acquire)
+            && !self.stats.synced.load(Ordering::Acquire))
+        .then(|| {
+            "the runtime is not connected over NRI: it would create GPU containers without gpushare's adjustment".to_string()
+        });
+        match self.enforcement_problem().or(nri_down) {
             None => unhealthy,
             Some(reason) => {
                 tracing::warn!(%reason, "advertising every GPU unhealthy while quotas cannot be enforced");
@@ -905,6 +946,10 @@ impl Handler for Node {
         let pods: HashMap<&str, &PodSandbox> =
             req.pods.iter().map(|p| (p.id.as_str(), p)).collect();
         let mut buf = self.sync_buf.lock().expect("sync lock");
+        self.sync_ids
+            .lock()
+            .expect("sync lock")
+            .extend(req.containers.iter().map(|c| c.id.clone()));
         for ctr in &req.containers {
             let Some(pod) = pods.get(ctr.pod_sandbox_id.as_str()) else {
                 tracing::warn!(container = %ctr.id, pod = %ctr.pod_sandbox_id, "synchronized container without its pod");
@@ -947,11 +992,29 @@ impl Handler for Node {
                 containers = records.len(),
                 "registry rebuilt from runtime state"
             );
+            // The directories of containers gone while no agent saw them (removed while it
+            // was away or disconnected): neither the runtime nor the registry knows them.
+            {
+                let _admitting = self.admitting.lock().unwrap_or_else(|e| e.into_inner());
+                let mut keep = std::mem::take(&mut *self.sync_ids.lock().expect("sync lock"));
+                keep.extend(self.registry.snapshot().into_iter().map(|r| r.id));
+                let dirs = [
+                    state.limiter.as_ref().map(|l| l.dir.clone()),
+                    state.sim.as_ref().map(|s| s.dir.clone()),
+                ];
+                for dir in dirs.into_iter().flatten() {
+                    let swept = sweep_container_dirs(&dir, &keep);
+                    if swept > 0 {
+                        tracing::info!(dir = %dir.display(), swept, "removed the directories of containers gone while the agent was away");
+                    }
+                }
+            }
             self.registry.replace_all(records);
             // The runtime's own list: what it did not create is gone from the books now.
             self.unconfirmed.clear();
             self.stats.syncs.fetch_add(1, Ordering::Relaxed);
             self.stats.synced.store(true, Ordering::Release);
+            self.advertise_changed.notify_one();
         }
         Ok(())
     }
@@ -1021,6 +1084,7 @@ impl Handler for Node {
         // and the agent is not ready.
         if !up {
             self.stats.synced.store(false, Ordering::Release);
+            self.advertise_changed.notify_one();
         }
         self.stats.connected.store(up, Ordering::Relaxed);
     }
@@ -1093,6 +1157,95 @@ mod tests {
         assert!(e.contains("sets GPUSHARE_GPU_UUID 2 times"), "{e}");
         assert!(node.registry.snapshot().is_empty());
         assert_eq!(node.stats.refused_by[0].load(Ordering::Relaxed), 2);
+    }
+
+    /// Where GPU containers are adjusted over NRI, every GPU is advertised unhealthy until
+    /// the runtime has connected and synchronized, and again once it disconnects.
+    #[test]
+    fn gpus_are_advertised_only_while_nri_is_up() {
+        let node = Node::new(AgentState::in_memory("n"));
+        let all = [0, 1, 2, 3];
+        let sick = crate::gpu::health::Unhealthy::from([2]);
+        assert_eq!(
+            node.advertised_unhealthy(sick.clone(), &all),
+            sick,
+            "NRI not required"
+        );
+        node.require_nri();
+        assert_eq!(node.advertised_unhealthy(sick.clone(), &all).len(), 4);
+        node.synchronize(&SynchronizeRequest::default()).unwrap();
+        assert_eq!(node.advertised_unhealthy(sick.clone(), &all), sick);
+        node.connected(false);
+        assert_eq!(node.advertised_unhealthy(sick.clone(), &all).len(), 4);
+        node.connected(true);
+        assert_eq!(
+            node.advertised_unhealthy(sick.clone(), &all).len(),
+            4,
+            "connected, not yet synchronized"
+        );
+        node.synchronize(&SynchronizeRequest::default()).unwrap();
+        assert_eq!(node.advertised_unhealthy(sick.clone(), &all), sick);
+    }
+
+    /// A Synchronize removes the limiter and sim directories of containers that neither the
+    /// runtime nor the registry knows (removed while the agent was away), and nothing else.
+    #[test]
+    fn a_synchronize_sweeps_the_directories_of_containers_gone_meanwhile() {
+        let root = tempfile::tempdir().unwrap();
+        let mut state = AgentState::in_memory("n");
+        let (lim, sim) = (root.path().join("limiter"), root.path().join("sim"));
+        state.limiter = Some(LimiterHost {
+            library: root.path().join("lib.so"),
+            dir: lim.clone(),
+            preload: lim.join("ld.so.preload"),
+            driver_dir: None,
+        });
+        state.sim = Some(SimNode {
+            dir: sim.clone(),
+            ncpu: 1,
+        });
+        for d in [&lim, &sim] {
+            for id in ["c-main", "gone", "known"] {
+                std::fs::create_dir_all(d.join(id)).unwrap();
+            }
+            std::fs::write(d.join("ld.so.preload"), "x").unwrap();
+        }
+        let node = Node::new(state);
+        let pod = staged_pod();
+        let mut known = ctr("known", "main", "8", "50", NriState::CONTAINER_RUNNING);
+        known.pod_sandbox_id = "elsewhere".into();
+        node.registry.upsert(Node::record(
+            &pod,
+            &known,
+            request::container_request(
+                &pod.annotations,
+                "main",
+                &known.annotations,
+                &node.state().unwrap().inventory,
+                &node.state().unwrap().rules,
+            )
+            .unwrap()
+            .unwrap(),
+        ));
+        node.synchronize(&SynchronizeRequest {
+            pods: vec![pod.clone()],
+            containers: vec![ctr(
+                "c-main",
+                "main",
+                "8",
+                "50",
+                NriState::CONTAINER_RUNNING,
+            )],
+            more: false,
+            ..Default::default()
+        })
+        .unwrap();
+        for d in [&lim, &sim] {
+            assert!(d.join("c-main").is_dir(), "listed by the runtime");
+            assert!(d.join("known").is_dir(), "in the registry");
+            assert!(!d.join("gone").exists(), "gone: swept");
+            assert!(d.join("ld.so.preload").is_file(), "files are left");
+        }
     }
 
     /// The runtime-level modes admit containers concurrently (the local API): the

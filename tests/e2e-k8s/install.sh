@@ -93,6 +93,21 @@ e2e_check "renders with every optional part on (ServiceMonitor, existing TLS sec
         --set scheduler.tls.existingSecret=mine --set agent.containerd.enableNri=true \
         --set agent.privileged=true --set scheduler.extraUsers[0]=gpushare-scheduler \
         --set agent.nodeGroup=gpushare:nodes | grep -q 'kind: ServiceMonitor'"
+custom_names_everywhere() { # other resource names reach the agent, the extender, kube-scheduler
+    local out
+    out=$("$HELM" template x "$CHART" -n ns --kube-version "$K8S_VERSION" \
+        --set resourceNames.memory=example.com/vgpu-mem --set resourceNames.core=example.com/vgpu-core \
+        --set resourceNames.count=example.com/vgpu) || return 1
+    local want
+    for want in 'memory = "example.com/vgpu-mem"' --memory-resource=example.com/vgpu-mem \
+        --core-resource=example.com/vgpu-core --count-resource=example.com/vgpu \
+        '- name: example.com/vgpu-mem'; do
+        grep -qF -- "$want" <<<"$out" || { echo "missing: $want"; return 1; }
+    done
+    ! grep -F 'aliyun.com/gpu' <<<"$out" | grep -v '^ *#' | grep -q .
+}
+e2e_check "resourceNames reach the node config, the extender's flags and kube-scheduler's managedResources" \
+    custom_names_everywhere
 e2e_check "every value in values.yaml is in the chart's README table" bash -c '
     python3 - "$1/values.yaml" "$1/README.md" <<"EOF"
 import sys, yaml
