@@ -141,6 +141,10 @@ impl SampleSource for NvmlSource {
             .collect();
         let mut util = vec![];
         let mut memory = vec![];
+        // GPUs NVML sampled this period: some process's utilization came back, so a
+        // container that had none there used none. (No samples at all, NVML's NotFound, may
+        // only mean its sampling interval did not end within the period: nothing is known.)
+        let mut sampled: HashSet<u32> = HashSet::new();
         for gpu in gpus {
             let Ok(dev) = self.nvml.device_by_index(gpu) else {
                 tracing::warn!(gpu, "NVML: device not found");
@@ -149,6 +153,9 @@ impl SampleSource for NvmlSource {
             let since = self.last_ts.get(&gpu).copied();
             match dev.process_utilization_stats(since) {
                 Ok(samples) => {
+                    if !samples.is_empty() {
+                        sampled.insert(gpu);
+                    }
                     if let Some(ts) = samples.iter().map(|s| s.timestamp).max() {
                         self.last_ts.insert(gpu, ts);
                     }
@@ -174,9 +181,37 @@ impl SampleSource for NvmlSource {
             .collect();
         self.pidmap.retain(&live);
         let pidmap = &mut self.pidmap;
-        aggregate(&util, &memory, &mut |pid| {
+        let mut sample = aggregate(&util, &memory, &mut |pid| {
             pidmap.container_of(pid, &containers)
-        })
+        });
+        idle_where_sampled(
+            &mut sample,
+            tracked.iter().map(|t| (t.id, t.gpus)),
+            &sampled,
+        );
+        sample
+    }
+}
+
+/// NVML reports only processes that used a GPU: a tracked container none of whose
+/// processes did, on GPUs NVML sampled (`sampled`: others' processes came back), used 0 of
+/// them. Without
+/// this it would never be measured, so the control law would never see it idle (it kept its
+/// first window, at least `fresh_window`, and under `burst` the others could not take its
+/// unused time). A container with a GPU not sampled stays unmeasured (state kept).
+pub fn idle_where_sampled<'a>(
+    sample: &mut Sample,
+    tracked: impl IntoIterator<Item = (&'a str, &'a [u32])>,
+    sampled: &HashSet<u32>,
+) {
+    for (id, gpus) in tracked {
+        if gpus.is_empty() || !gpus.iter().all(|g| sampled.contains(g)) {
+            continue;
+        }
+        for &g in gpus {
+            sample.gpu_share.entry((id.to_string(), g)).or_insert(0.0);
+        }
+        sample.share.entry(id.to_string()).or_insert(0.0);
     }
 }
 
@@ -186,6 +221,73 @@ mod tests {
 
     fn sample(pid: u32, gpu: u32, sm_util: u32) -> ProcessSample {
         ProcessSample { pid, gpu, sm_util }
+    }
+
+    /// A tracked container with no process in NVML's report of a sampled GPU used none of
+    /// it; on a GPU whose utilization is unknown it stays unmeasured; a measured one keeps
+    /// its share. And what that does: under `burst`, the busy neighbour of a container that
+    /// runs nothing on the GPU gets the whole period once the quiet one counts as idle,
+    /// which it never did unmeasured.
+    #[test]
+    fn containers_nvml_does_not_list_are_idle_on_sampled_gpus() {
+        use gpushare_core::control::{ComputePolicy, GpuLoop, Member, Params};
+        let mut sample = Sample::default();
+        sample.share.insert("busy".into(), 0.7);
+        sample.gpu_share.insert(("busy".into(), 0), 0.7);
+        let (g0, g1, both): (&[u32], &[u32], &[u32]) = (&[0], &[1], &[0, 1]);
+        idle_where_sampled(
+            &mut sample,
+            [
+                ("busy", g0),
+                ("quiet", g0),
+                ("unknown", g1),
+                ("split", both),
+            ],
+            &HashSet::from([0]),
+        );
+        assert_eq!(sample.share.get("busy"), Some(&0.7));
+        assert_eq!(sample.share.get("quiet"), Some(&0.0));
+        assert_eq!(sample.gpu_share.get(&("quiet".to_string(), 0)), Some(&0.0));
+        assert_eq!(sample.share.get("unknown"), None);
+        assert_eq!(sample.share.get("split"), None, "one of its GPUs unknown");
+
+        let params = Params {
+            policy: ComputePolicy::Burst,
+            ..Params::default()
+        };
+        let run = |measure_quiet: bool| {
+            let mut lp = GpuLoop::new(params);
+            lp.set_members(&[
+                Member {
+                    id: "busy".into(),
+                    quota: Some(0.5),
+                },
+                Member {
+                    id: "quiet".into(),
+                    quota: Some(0.5),
+                },
+            ]);
+            for _ in 0..20 {
+                lp.step_by(|id| match id {
+                    "busy" => Some((1.0, 1.0)),
+                    _ => measure_quiet.then_some((0.0, 1.0)),
+                });
+            }
+            let plan = lp.plan();
+            plan.windows["busy"]
+                .iter()
+                .map(|w| w.end - w.start)
+                .sum::<f64>()
+        };
+        let (unmeasured, measured) = (run(false), run(true));
+        assert!(
+            unmeasured < 0.9,
+            "unmeasured: the quiet one keeps its window ({unmeasured})"
+        );
+        assert!(
+            measured > 0.99,
+            "measured idle: the busy one gets the period ({measured})"
+        );
     }
 
     #[test]
