@@ -79,6 +79,11 @@ pub struct GpuState {
     pub healthy: bool,
     /// Pods using this GPU.
     pub pods: u32,
+    /// What pods hold beyond the capacity (MiB, per-mille): allocations restored onto a GPU
+    /// that has since shrunk (say, ECC turned on) or that were never this scheduler's
+    /// decision. Given back first, so the free amounts stay what is really free.
+    pub memory_over: u32,
+    pub core_over: u32,
 }
 
 impl GpuState {
@@ -89,6 +94,8 @@ impl GpuState {
         core_free: 0,
         healthy: false,
         pods: 0,
+        memory_over: 0,
+        core_over: 0,
     };
 
     fn new(memory_mib: u64, healthy: bool) -> Self {
@@ -98,6 +105,8 @@ impl GpuState {
             core_free: CORE_MILLI_PER_GPU,
             healthy,
             pods: 0,
+            memory_over: 0,
+            core_over: 0,
         }
     }
 
@@ -144,10 +153,17 @@ impl GpuState {
     /// Gives this GPU's part of `demand` to a pod.
     pub fn take(&mut self, demand: &GpuDemand) {
         if let Some((memory_mib, core_milli)) = self.cost(demand) {
-            // Saturating: a scheduler restoring allocations it did not decide (annotations
-            // written before a restart) must not wrap; what it restores fills the GPU.
+            // A scheduler restoring allocations it did not decide (annotations written before
+            // a restart, a GPU that shrank since) must not wrap: what it restores fills the
+            // GPU, and the rest is kept as over-commitment until it is given back.
+            let mem_over = memory_mib.saturating_sub(self.memory_free);
+            let core_over = core_milli.saturating_sub(self.core_free);
             self.memory_free = self.memory_free.saturating_sub(memory_mib);
             self.core_free = self.core_free.saturating_sub(core_milli);
+            self.memory_over = self
+                .memory_over
+                .saturating_add(u32::try_from(mem_over).unwrap_or(u32::MAX));
+            self.core_over = self.core_over.saturating_add(core_over);
             self.pods += 1;
         }
     }
@@ -155,6 +171,13 @@ impl GpuState {
     /// Returns what [`GpuState::take`] gave.
     pub fn give_back(&mut self, demand: &GpuDemand) {
         if let Some((memory_mib, core_milli)) = self.cost(demand) {
+            let pay = |over: &mut u32, amount: u64| -> u64 {
+                let paid = amount.min(u64::from(*over));
+                *over -= paid as u32;
+                amount - paid
+            };
+            let memory_mib = pay(&mut self.memory_over, memory_mib);
+            let core_milli = pay(&mut self.core_over, u64::from(core_milli)) as u32;
             self.memory_free = (self.memory_free + memory_mib).min(self.memory_mib);
             self.core_free = (self.core_free + core_milli).min(CORE_MILLI_PER_GPU);
             self.pods = self.pods.saturating_sub(1);
@@ -444,6 +467,33 @@ mod tests {
             },
             ..Request::cpu_only("p", 1000, 1024)
         }
+    }
+
+    /// Allocations restored onto a GPU that shrank since (15360 → 15000 MiB: A 10240 and
+    /// B 5120 hold 360 MiB more than there is): when A leaves, what is free is what B leaves,
+    /// 9880 MiB, not A's whole 10240. The same for compute.
+    #[test]
+    fn giving_back_on_an_over_committed_gpu_frees_only_what_is_there() {
+        let mut g = GpuState::new(15000, true);
+        let share = |memory_mib, core_milli| GpuDemand::Shared {
+            count: 1,
+            memory_mib,
+            core_milli: Some(core_milli),
+        };
+        let (a, b) = (share(10240, 700), share(5120, 400));
+        g.take(&a);
+        g.take(&b);
+        assert_eq!((g.memory_free, g.core_free), (0, 0));
+        g.give_back(&a);
+        assert_eq!((g.memory_free, g.core_free), (9880, 600));
+        g.give_back(&b);
+        assert_eq!((g.memory_free, g.core_free), (15000, 1000));
+        assert_eq!(g, GpuState::new(15000, true), "nothing left over");
+        // Within capacity nothing changes: take and give back are exact.
+        g.take(&b);
+        assert_eq!(g.memory_free, 9880);
+        g.give_back(&b);
+        assert_eq!(g, GpuState::new(15000, true));
     }
 
     #[test]
