@@ -38,6 +38,12 @@ pub struct Limits {
     pub request_timeout: Duration,
     /// A connection is closed after this long, however busy (keep-alive clients reconnect).
     pub connection_lifetime: Duration,
+    /// Connections not yet authenticated from one peer address at once: a plain-HTTP
+    /// connection for its whole life, a TLS one until its handshake (client certificate
+    /// included) is done. Beyond it a new connection from that address is closed at once, so
+    /// one client cannot hold every place. Over TLS the authenticated connections have
+    /// `max_connections` places of their own, which unauthenticated ones never take.
+    pub max_per_peer: usize,
 }
 
 impl Default for Limits {
@@ -47,6 +53,38 @@ impl Default for Limits {
             header_timeout: Duration::from_secs(10),
             request_timeout: Duration::from_secs(30),
             connection_lifetime: Duration::from_secs(300),
+            max_per_peer: 32,
+        }
+    }
+}
+
+/// Connections per peer address, each counted while its [`PeerSlot`] lives.
+#[derive(Default)]
+struct Peers(std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>);
+
+/// One connection's place in [`Peers`].
+struct PeerSlot(Arc<Peers>, std::net::IpAddr);
+
+impl Peers {
+    fn take(self: &Arc<Self>, ip: std::net::IpAddr, cap: usize) -> Option<PeerSlot> {
+        let mut m = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let n = m.entry(ip).or_default();
+        if *n >= cap.max(1) {
+            return None;
+        }
+        *n += 1;
+        Some(PeerSlot(self.clone(), ip))
+    }
+}
+
+impl Drop for PeerSlot {
+    fn drop(&mut self) {
+        let mut m = self.0.0.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = m.get_mut(&self.1) {
+            *n -= 1;
+            if *n == 0 {
+                m.remove(&self.1);
+            }
         }
     }
 }
@@ -173,14 +211,18 @@ pub async fn serve_tls(
     let router = router.layer(axum::middleware::from_fn(
         move |req: Request, next: Next| request_deadline(timeout, req, next),
     ));
+    // Places of connections not yet authenticated (every plain-HTTP one), and of those
+    // through their TLS handshake.
     let permits = Arc::new(Semaphore::new(limits.max_connections.max(1)));
+    let authenticated = Arc::new(Semaphore::new(limits.max_connections.max(1)));
+    let peers = Arc::new(Peers::default());
     // Dropped with this function: open connections are then aborted.
     let mut connections = tokio::task::JoinSet::new();
     let accept = async {
         let mut last_error_log: Option<std::time::Instant> = None;
         loop {
-            let stream = match listener.accept().await {
-                Ok((stream, _)) => stream,
+            let (stream, peer) = match listener.accept().await {
+                Ok(accepted) => accepted,
                 Err(e) => {
                     ACCEPT_ERRORS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     if last_error_log.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) {
@@ -193,21 +235,36 @@ pub async fn serve_tls(
             };
             // At the cap, a new connection is closed at once: clients retry, and idle ones
             // cannot queue up behind the held ones.
+            let Some(slot) = peers.take(peer.ip(), limits.max_per_peer) else {
+                drop(stream);
+                continue;
+            };
             let Ok(permit) = permits.clone().try_acquire_owned() else {
                 drop(stream);
                 continue;
             };
             let router = router.clone();
             let acceptor = acceptor.clone();
+            let authenticated = authenticated.clone();
             connections.spawn(async move {
-                let _permit = permit;
                 match acceptor {
-                    None => serve_connection(stream, router, limits).await,
+                    None => {
+                        let _held = (permit, slot);
+                        serve_connection(stream, router, limits).await
+                    }
                     Some(acceptor) => {
-                        match tokio::time::timeout(limits.header_timeout, acceptor.accept(stream))
-                            .await
-                        {
-                            Ok(Ok(tls)) => serve_connection(tls, router, limits).await,
+                        let tls =
+                            tokio::time::timeout(limits.header_timeout, acceptor.accept(stream))
+                                .await;
+                        drop((permit, slot));
+                        match tls {
+                            Ok(Ok(tls)) => {
+                                // Authenticated: a place of its own kind, or closed.
+                                let Ok(_permit) = authenticated.try_acquire_owned() else {
+                                    return;
+                                };
+                                serve_connection(tls, router, limits).await
+                            }
                             Ok(Err(e)) => tracing::debug!(error = %e, "TLS handshake refused"),
                             Err(_) => tracing::debug!("TLS handshake timed out"),
                         }

@@ -218,13 +218,21 @@ pub async fn serve(addr: &str, node: Arc<Node>) -> std::io::Result<()> {
 }
 
 /// Serves the endpoint on `listener` until the task is dropped, within
-/// [`crate::http::Limits::default`] (128 connections, 10 s for headers, 30 s a request).
+/// [`crate::http::Limits::default`] (128 connections, 10 s for headers, 30 s a request) and
+/// 8 connections per client address: its clients (kubelet's probes, Prometheus) need few, and
+/// no pod can hold the places the liveness probe needs.
 pub async fn serve_on(listener: TcpListener, node: Arc<Node>) -> std::io::Result<()> {
     crate::http::serve(
         listener,
         router(node),
-        crate::http::Limits::default(),
+        crate::http::Limits {
+            max_per_peer: STATUS_MAX_PER_PEER,
+            ..crate::http::Limits::default()
+        },
         std::future::pending(),
     )
     .await
 }
+
+/// Connections one client address may hold on the status endpoint.
+pub const STATUS_MAX_PER_PEER: usize = 8;

@@ -17,6 +17,7 @@ const LIMITS: Limits = Limits {
     header_timeout: Duration::from_secs(1),
     request_timeout: Duration::from_secs(2),
     connection_lifetime: Duration::from_secs(30),
+    max_per_peer: 16,
 };
 
 fn router() -> Router {
@@ -237,6 +238,80 @@ fn curl(dir: &std::path::Path, port: u16, client: Option<&str>) -> Option<u16> {
         .expect("curl");
     let code: u16 = String::from_utf8_lossy(&out.stdout).trim().parse().ok()?;
     (code != 0).then_some(code)
+}
+
+/// Connections that never authenticate (idle TCP, no TLS handshake) from one address take
+/// at most `max_per_peer` places, and never the authenticated connections' own: a client
+/// with its certificate, from another address, is served while they are held. Before, they
+/// held every place until their handshake deadline, and were opened again.
+#[test]
+fn unauthenticated_connections_leave_room_for_authenticated_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    pki(dir.path());
+    let p = |n: &str| dir.path().join(n);
+    let tls =
+        gpushare::http::mtls_config(&p("server.crt"), &p("server.key"), &p("ca.crt")).unwrap();
+    let limits = Limits {
+        max_connections: 4,
+        max_per_peer: 2,
+        header_timeout: Duration::from_secs(20),
+        ..LIMITS
+    };
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        tokio::runtime::Runtime::new().unwrap().block_on(async {
+            let listener = tokio::net::TcpListener::bind("0.0.0.0:0").await.unwrap();
+            tx.send(listener.local_addr().unwrap().port()).unwrap();
+            gpushare::http::serve_tls(
+                listener,
+                router(),
+                limits,
+                Some(tls),
+                std::future::pending(),
+            )
+            .await
+            .unwrap();
+        });
+    });
+    let port = rx.recv().unwrap();
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    let idle: Vec<TcpStream> = (0..10)
+        .filter_map(|_| TcpStream::connect_timeout(&addr, Duration::from_secs(1)).ok())
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    let held = idle.iter().filter(|s| !closed_by_server(s)).count();
+    assert_eq!(
+        held, 2,
+        "idle connections from 127.0.0.1 held: {held} (2 per address)"
+    );
+    // The certified client, from 127.0.0.2 (loopback too), while the idle ones are held.
+    let out = std::process::Command::new("curl")
+        .args([
+            "-sS",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+            "--max-time",
+            "5",
+        ])
+        .args(["--interface", "127.0.0.2"])
+        .arg("--cacert")
+        .arg(p("ca.crt"))
+        .arg("--cert")
+        .arg(p("client.crt"))
+        .arg("--key")
+        .arg(p("client.key"))
+        .arg(format!("https://127.0.0.1:{port}/healthz"))
+        .output()
+        .expect("curl");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "200",
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    drop(idle);
 }
 
 #[test]

@@ -80,10 +80,20 @@ pub async fn serve(
             }
         }
     });
+    // Without TLS (a loopback --listen, tests) every connection is kube-scheduler's: no
+    // cap per address below the global one.
+    let limits = crate::http::Limits {
+        max_per_peer: if settings.tls.is_some() {
+            crate::http::Limits::default().max_per_peer
+        } else {
+            usize::MAX
+        },
+        ..crate::http::Limits::default()
+    };
     crate::http::serve_tls(
         listener,
         server::router(ext),
-        crate::http::Limits::default(),
+        limits,
         settings.tls,
         shutdown,
     )
