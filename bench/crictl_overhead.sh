@@ -112,7 +112,8 @@ esac
 
 start_agent() {
     local link=(--nri-socket "$E2E_NRI_SOCK")
-    [[ $BENCH_PATH == nri ]] || link=(--no-nri --runtime-socket "$E2E_ROOT/runtime.sock")
+    [[ $BENCH_PATH == nri ]] ||
+        link=(--no-nri --runtime-socket "$E2E_ROOT/runtime.sock" --runc-root "$E2E_ROOT/runc/k8s.io")
     "$BIN" node "${link[@]}" --gpu-backend sim --dev-root "$E2E_ROOT/simdev" \
         --node-name bench-node --status-listen "127.0.0.1:$PORT" \
         --log-file "$E2E_ROOT/agent.log" --state-dir "$E2E_ROOT/agent-state" \

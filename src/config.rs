@@ -230,6 +230,10 @@ pub enum ConfigError {
         "[runtime_api] runc_roots rebuild the registry where there is no NRI; with nri = true the runtime's Synchronize does (set nri = false, or remove runc_roots)"
     )]
     RuncRootsWithNri,
+    #[error(
+        "nri = false and [runtime_api] runc_roots is empty: without NRI the registry is rebuilt from runc's state at start, so a restarted agent would forget the running GPU containers (unthrottled, uncounted); set runc_roots (--runc-root): containerd 1.6 /run/containerd/runc/k8s.io, podman as root /run/runc"
+    )]
+    NoRuncRoots,
     #[error("plugin_name {0:?} must match [a-zA-Z0-9_.+-]+")]
     PluginName(String),
     #[error("plugin_index {0:?} must be exactly two digits")]
@@ -281,6 +285,9 @@ impl NodeConfig {
         }
         if self.nri && !self.runtime_api.runc_roots.is_empty() {
             return Err(ConfigError::RuncRootsWithNri);
+        }
+        if !self.nri && self.runtime_api.runc_roots.is_empty() {
+            return Err(ConfigError::NoRuncRoots);
         }
         Ok(())
     }
@@ -387,6 +394,20 @@ mod tests {
             ..Default::default()
         };
         assert!(cfg.validate().is_err());
+        // Without NRI, the registry's only source at start is runc's state.
+        let mut cfg = NodeConfig {
+            nri: false,
+            ..Default::default()
+        };
+        cfg.runtime_api.enabled = true;
+        assert!(
+            cfg.validate()
+                .unwrap_err()
+                .to_string()
+                .starts_with("nri = false and [runtime_api] runc_roots is empty"),
+        );
+        cfg.runtime_api.runc_roots = vec!["/run/runc".into()];
+        cfg.validate().unwrap();
     }
 }
 
