@@ -214,7 +214,13 @@ cert stranger other clientAuth
 
 /// `curl` the endpoint over TLS; the HTTP status, or None when the connection failed.
 fn curl(dir: &std::path::Path, port: u16, client: Option<&str>) -> Option<u16> {
+    curl_from(dir, port, client, "127.0.0.1")
+}
+
+/// [`curl`] from local address `from` (any of 127.0.0.0/8).
+fn curl_from(dir: &std::path::Path, port: u16, client: Option<&str>, from: &str) -> Option<u16> {
     let mut cmd = std::process::Command::new("curl");
+    cmd.args(["--interface", from]);
     cmd.args([
         "-sS",
         "-o",
@@ -244,6 +250,29 @@ fn curl(dir: &std::path::Path, port: u16, client: Option<&str>) -> Option<u16> {
 /// at most `max_per_peer` places, and never the authenticated connections' own: a client
 /// with its certificate, from another address, is served while they are held. Before, they
 /// held every place until their handshake deadline, and were opened again.
+/// Starts the server over TLS on `ip`, port 0, on its own runtime thread; returns its port.
+fn start_tls(ip: [u8; 4], limits: Limits, tls: std::sync::Arc<rustls::ServerConfig>) -> u16 {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        tokio::runtime::Runtime::new().unwrap().block_on(async {
+            let listener = tokio::net::TcpListener::bind(SocketAddr::from((ip, 0)))
+                .await
+                .unwrap();
+            tx.send(listener.local_addr().unwrap().port()).unwrap();
+            gpushare::http::serve_tls(
+                listener,
+                router(),
+                limits,
+                Some(tls),
+                std::future::pending(),
+            )
+            .await
+            .unwrap();
+        });
+    });
+    rx.recv().unwrap()
+}
+
 #[test]
 fn unauthenticated_connections_leave_room_for_authenticated_ones() {
     let dir = tempfile::tempdir().unwrap();
@@ -257,23 +286,7 @@ fn unauthenticated_connections_leave_room_for_authenticated_ones() {
         header_timeout: Duration::from_secs(20),
         ..LIMITS
     };
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        tokio::runtime::Runtime::new().unwrap().block_on(async {
-            let listener = tokio::net::TcpListener::bind("0.0.0.0:0").await.unwrap();
-            tx.send(listener.local_addr().unwrap().port()).unwrap();
-            gpushare::http::serve_tls(
-                listener,
-                router(),
-                limits,
-                Some(tls),
-                std::future::pending(),
-            )
-            .await
-            .unwrap();
-        });
-    });
-    let port = rx.recv().unwrap();
+    let port = start_tls([0, 0, 0, 0], limits, tls);
     let addr = SocketAddr::from(([127, 0, 0, 1], port));
     let idle: Vec<TcpStream> = (0..10)
         .filter_map(|_| TcpStream::connect_timeout(&addr, Duration::from_secs(1)).ok())
@@ -285,31 +298,9 @@ fn unauthenticated_connections_leave_room_for_authenticated_ones() {
         "idle connections from 127.0.0.1 held: {held} (2 per address)"
     );
     // The certified client, from 127.0.0.2 (loopback too), while the idle ones are held.
-    let out = std::process::Command::new("curl")
-        .args([
-            "-sS",
-            "-o",
-            "/dev/null",
-            "-w",
-            "%{http_code}",
-            "--max-time",
-            "5",
-        ])
-        .args(["--interface", "127.0.0.2"])
-        .arg("--cacert")
-        .arg(p("ca.crt"))
-        .arg("--cert")
-        .arg(p("client.crt"))
-        .arg("--key")
-        .arg(p("client.key"))
-        .arg(format!("https://127.0.0.1:{port}/healthz"))
-        .output()
-        .expect("curl");
     assert_eq!(
-        String::from_utf8_lossy(&out.stdout),
-        "200",
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+        curl_from(dir.path(), port, Some("client"), "127.0.0.2"),
+        Some(200)
     );
     drop(idle);
 }
@@ -321,23 +312,7 @@ fn mutual_tls_admits_only_clients_of_the_ca() {
     let p = |n: &str| dir.path().join(n);
     let tls =
         gpushare::http::mtls_config(&p("server.crt"), &p("server.key"), &p("ca.crt")).unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        tokio::runtime::Runtime::new().unwrap().block_on(async {
-            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-            tx.send(listener.local_addr().unwrap().port()).unwrap();
-            gpushare::http::serve_tls(
-                listener,
-                router(),
-                LIMITS,
-                Some(tls),
-                std::future::pending(),
-            )
-            .await
-            .unwrap();
-        });
-    });
-    let port = rx.recv().unwrap();
+    let port = start_tls([127, 0, 0, 1], LIMITS, tls);
     assert_eq!(curl(dir.path(), port, Some("client")), Some(200));
     assert_eq!(curl(dir.path(), port, None), None, "no client certificate");
     assert_eq!(

@@ -186,27 +186,8 @@ mod tests {
 
     use gpushare_core::request::node::{NODE_GPUS_ANNOTATION, NodeGpus};
 
-    use crate::kubeobjects::PodKey;
     use crate::scheduler::cache::Cluster;
-
-    /// Never asked: node events bind nothing.
-    struct NoBinder;
-
-    #[async_trait]
-    impl Binder for NoBinder {
-        async fn get_pod(&self, _: &PodKey) -> Result<Pod, ApiError> {
-            unreachable!("node events read no pod")
-        }
-        async fn bind(
-            &self,
-            _: &PodKey,
-            _: &str,
-            _: &str,
-            _: &Annotations,
-        ) -> Result<(), ApiError> {
-            unreachable!("node events bind nothing")
-        }
-    }
+    use crate::scheduler::server::tests::OnePod;
 
     fn node(name: &str) -> Node {
         let mut n = Node::default();
@@ -228,7 +209,7 @@ mod tests {
             gpushare_core::request::ResourceNames::default(),
             std::time::Duration::from_secs(60),
         );
-        let ext = Extender::new(cluster, Arc::new(NoBinder));
+        let ext = Extender::new(cluster, Arc::new(OnePod));
         let rebuilds = || ext.cluster.lock().unwrap().rebuilds();
         let before = rebuilds();
         let mut seen = HashSet::new();

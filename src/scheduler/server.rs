@@ -890,11 +890,11 @@ async fn allocations(State(e): State<Arc<Extender>>) -> impl IntoResponse {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     /// Knows one pod (`ns/p`, UID `u`, no GPU resources); binds nothing.
-    struct OnePod;
+    pub(crate) struct OnePod;
 
     #[async_trait]
     impl Binder for OnePod {

@@ -465,25 +465,18 @@ fn an_exec_leaves_no_count_behind() {
     // exec keeps the process's PID and start time but not its CUDA context (the driver frees
     // what the old image held): the new image counts from zero. Before, the old image's
     // 1 GiB stayed counted as long as the process lived, and 1.5 GiB was refused.
-    for mode in CUDA_MODES {
-        let c = Container::new(TWO_GIB);
-        assert_eq!(
-            c.run_within(
-                FORK_TEST_LIMIT,
-                mode,
-                &["init", "alloc:1024", "exec:init/info/alloc:1536/info"]
-            ),
-            [
-                "init rc=0",
-                "alloc rc=0 id=0",
-                "init rc=0",
-                "info rc=0 free_mib=2048 total_mib=2048",
-                "alloc rc=0 id=0",
-                "info rc=0 free_mib=512 total_mib=2048",
-            ],
-            "mode {mode}"
-        );
-    }
+    expect_on_every_cuda_path(
+        TWO_GIB,
+        &["init", "alloc:1024", "exec:init/info/alloc:1536/info"],
+        &[
+            "init rc=0",
+            "alloc rc=0 id=0",
+            "init rc=0",
+            "info rc=0 free_mib=2048 total_mib=2048",
+            "alloc rc=0 id=0",
+            "info rc=0 free_mib=512 total_mib=2048",
+        ],
+    );
 }
 
 #[test]
