@@ -812,16 +812,6 @@ impl Node {
         pod: &PodSandbox,
         ctr: &Container,
     ) -> Result<Option<adjust::Adjustment>, HandlerError> {
-        if let Some((key, count)) = adjust::repeated_gpu_env(&ctr.env) {
-            let e = DecideError::RepeatedEnv {
-                key: key.to_string(),
-                count,
-            };
-            self.stats.creates_refused.fetch_add(1, Ordering::Relaxed);
-            self.stats.refused_by[e.reason()].fetch_add(1, Ordering::Relaxed);
-            tracing::warn!(pod = %format!("{}/{}", pod.namespace, pod.name), container = %ctr.name, id = %ctr.id, error = %e, "container refused");
-            return Err(e.into());
-        }
         if !has_gpu_hint(pod, ctr) {
             return Ok(self.no_gpu(ctr));
         }
@@ -1024,6 +1014,19 @@ impl Handler for Node {
         pod: &PodSandbox,
         ctr: &Container,
     ) -> Result<Option<ContainerAdjustment>, HandlerError> {
+        // NRI adjusts the first copy of a variable only (`AdjustEnv`), and a later copy in the
+        // spec then overrides it: a container repeating one that gpushare sets or clears is
+        // refused. (The runtime-level modes write the spec themselves, every copy included.)
+        if let Some((key, count)) = adjust::repeated_gpu_env(&ctr.env) {
+            let e = DecideError::RepeatedEnv {
+                key: key.to_string(),
+                count,
+            };
+            self.stats.creates_refused.fetch_add(1, Ordering::Relaxed);
+            self.stats.refused_by[e.reason()].fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(pod = %format!("{}/{}", pod.namespace, pod.name), container = %ctr.name, id = %ctr.id, error = %e, "container refused");
+            return Err(e.into());
+        }
         let adj = self.admit(pod, ctr)?;
         if adj.is_some() && self.registry.get(&ctr.id).is_some() {
             self.unconfirmed.admitted(&ctr.id, Instant::now());
@@ -1127,9 +1130,9 @@ mod tests {
         }
     }
 
-    /// A runtime adjusts the first entry of a variable only (NRI's `AdjustEnv`) and a later
-    /// copy overrides it: a container repeating a variable gpushare sets or clears is
-    /// refused, with or without a GPU, and nothing is registered.
+    /// NRI adjusts the first entry of a variable only (`AdjustEnv`) and a later copy
+    /// overrides it: a container repeating a variable gpushare sets or clears is refused at
+    /// NRI's CreateContainer, with or without a GPU, and nothing is registered.
     #[test]
     fn a_repeated_gpu_variable_is_refused() {
         let node = Node::new(AgentState::in_memory("n"));

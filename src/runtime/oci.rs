@@ -414,6 +414,30 @@ mod tests {
         BundleSpec::parse("x".into(), &serde_json::to_vec(&b.json).unwrap()).unwrap();
     }
 
+    /// Unlike NRI, the spec is written here: every copy of an adjusted variable goes, and
+    /// the adjustment's value is the only one left.
+    #[test]
+    fn every_copy_of_an_adjusted_variable_is_replaced() {
+        let mut b = spec(json!({}));
+        b.json["process"]["env"] = json!([
+            "NVIDIA_VISIBLE_DEVICES=all",
+            "PATH=/bin",
+            "NVIDIA_VISIBLE_DEVICES=all",
+            "NVIDIA_DRIVER_CAPABILITIES=all",
+            "NVIDIA_DRIVER_CAPABILITIES=compute"
+        ]);
+        let adj = Adjustment {
+            env: vec![("NVIDIA_VISIBLE_DEVICES".into(), "void".into())],
+            clear_env: vec!["NVIDIA_DRIVER_CAPABILITIES".into()],
+            ..Adjustment::default()
+        };
+        apply(&mut b.json, &adj).unwrap();
+        assert_eq!(
+            b.json["process"]["env"],
+            json!(["PATH=/bin", "NVIDIA_VISIBLE_DEVICES=void"])
+        );
+    }
+
     #[test]
     fn bad_specs_are_named() {
         let e = BundleSpec::parse("/b/config.json".into(), b"[1]").unwrap_err();

@@ -229,11 +229,19 @@ for V in "${VERSIONS[@]}"; do
         e2e_check "$V: no-GPU container with NVIDIA_VISIBLE_DEVICES=all created" false
     fi
     # The same variable twice (kubelet never repeats one; an image's config or a CRI client
-    # can): the runtime adjusts the first copy only and the second overrides it, so the
-    # container is refused rather than run with NVIDIA_VISIBLE_DEVICES=all.
+    # can). NRI adjusts the first copy only and the second would override it, so the NRI
+    # plugin refuses the container rather than let it run with NVIDIA_VISIBLE_DEVICES=all;
+    # the wrapper writes the spec itself and replaces every copy.
     e2e_write_pod twice "" "" "" "" '{"envs":[{"key":"NVIDIA_VISIBLE_DEVICES","value":"all"},{"key":"NVIDIA_VISIBLE_DEVICES","value":"all"}]}'
-    e2e_check "$V: a container repeating NVIDIA_VISIBLE_DEVICES is refused" \
-        create_refused twice "sets NVIDIA_VISIBLE_DEVICES 2 times"
+    if [[ -z ${E2E_REFUSED_AT_START:-} ]]; then
+        e2e_check "$V: a container repeating NVIDIA_VISIBLE_DEVICES is refused" \
+            create_refused twice "sets NVIDIA_VISIBLE_DEVICES 2 times"
+    elif cid=$(run_pod twice); then
+        e2e_check "$V: a container repeating NVIDIA_VISIBLE_DEVICES=all gets one NVIDIA_VISIBLE_DEVICES=void" \
+            e2e_env_is "$cid" NVIDIA_VISIBLE_DEVICES void
+    else
+        e2e_check "$V: a container repeating NVIDIA_VISIBLE_DEVICES created through the wrapper" false
+    fi
 
     bad_inputs
     limiter_checks

@@ -104,10 +104,11 @@ pub fn is_gpu_env(key: &str) -> bool {
 }
 
 /// The first variable gpushare adjusts ([`is_gpu_env`]) that the environment (`KEY=VALUE`
-/// entries) holds more than once, with its count. A runtime applies an adjustment to the
-/// first entry of a key only (NRI's `AdjustEnv`; a later entry then overwrites it), so a
-/// container whose image or spec repeats such a key could keep, say,
-/// `NVIDIA_VISIBLE_DEVICES=all` past `void`: it is refused instead.
+/// entries) holds more than once, with its count. NRI applies an adjustment to the first
+/// entry of a key only (`AdjustEnv`; a later entry then overwrites it), so a container whose
+/// image or spec repeats such a key could keep, say, `NVIDIA_VISIBLE_DEVICES=all` past
+/// `void`: the NRI plugin refuses it instead. (The runtime-level modes write the spec
+/// themselves and remove every copy.)
 pub fn repeated_gpu_env(env: &[String]) -> Option<(&str, usize)> {
     let mut keys: Vec<&str> = env
         .iter()
