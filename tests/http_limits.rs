@@ -246,10 +246,16 @@ fn curl_from(dir: &std::path::Path, port: u16, client: Option<&str>, from: &str)
     (code != 0).then_some(code)
 }
 
-/// Connections that never authenticate (idle TCP, no TLS handshake) from one address take
-/// at most `max_per_peer` places, and never the authenticated connections' own: a client
-/// with its certificate, from another address, is served while they are held. Before, they
-/// held every place until their handshake deadline, and were opened again.
+/// The throwaway PKI of [`pki`] in a new directory, and the server's mutual-TLS config.
+fn pki_and_tls() -> (tempfile::TempDir, std::sync::Arc<rustls::ServerConfig>) {
+    let dir = tempfile::tempdir().unwrap();
+    pki(dir.path());
+    let p = |n: &str| dir.path().join(n);
+    let tls =
+        gpushare::http::mtls_config(&p("server.crt"), &p("server.key"), &p("ca.crt")).unwrap();
+    (dir, tls)
+}
+
 /// Starts the server over TLS on `ip`, port 0, on its own runtime thread; returns its port.
 fn start_tls(ip: [u8; 4], limits: Limits, tls: std::sync::Arc<rustls::ServerConfig>) -> u16 {
     let (tx, rx) = std::sync::mpsc::channel();
@@ -273,13 +279,13 @@ fn start_tls(ip: [u8; 4], limits: Limits, tls: std::sync::Arc<rustls::ServerConf
     rx.recv().unwrap()
 }
 
+/// Connections that never authenticate (idle TCP, no TLS handshake) from one address take
+/// at most `max_per_peer` places, and never the authenticated connections' own: a client
+/// with its certificate, from another address, is served while they are held. Before, they
+/// held every place until their handshake deadline, and were opened again.
 #[test]
 fn unauthenticated_connections_leave_room_for_authenticated_ones() {
-    let dir = tempfile::tempdir().unwrap();
-    pki(dir.path());
-    let p = |n: &str| dir.path().join(n);
-    let tls =
-        gpushare::http::mtls_config(&p("server.crt"), &p("server.key"), &p("ca.crt")).unwrap();
+    let (dir, tls) = pki_and_tls();
     let limits = Limits {
         max_connections: 4,
         max_per_peer: 2,
@@ -307,11 +313,8 @@ fn unauthenticated_connections_leave_room_for_authenticated_ones() {
 
 #[test]
 fn mutual_tls_admits_only_clients_of_the_ca() {
-    let dir = tempfile::tempdir().unwrap();
-    pki(dir.path());
+    let (dir, tls) = pki_and_tls();
     let p = |n: &str| dir.path().join(n);
-    let tls =
-        gpushare::http::mtls_config(&p("server.crt"), &p("server.key"), &p("ca.crt")).unwrap();
     let port = start_tls([127, 0, 0, 1], LIMITS, tls);
     assert_eq!(curl(dir.path(), port, Some("client")), Some(200));
     assert_eq!(curl(dir.path(), port, None), None, "no client certificate");

@@ -195,10 +195,9 @@ impl SampleSource for NvmlSource {
 
 /// NVML reports only processes that used a GPU: a tracked container none of whose
 /// processes did, on GPUs NVML sampled (`sampled`: others' processes came back), used 0 of
-/// them. Without
-/// this it would never be measured, so the control law would never see it idle (it kept its
-/// first window, at least `fresh_window`, and under `burst` the others could not take its
-/// unused time). A container with a GPU not sampled stays unmeasured (state kept).
+/// them. Without this it would never be measured, so the control law would never see it idle
+/// (it kept its first window, at least `fresh_window`, and under `burst` the others could not
+/// take its unused time). A container with a GPU not sampled stays unmeasured (state kept).
 pub fn idle_where_sampled<'a>(
     sample: &mut Sample,
     tracked: impl IntoIterator<Item = (&'a str, &'a [u32])>,

@@ -463,39 +463,28 @@ pub struct Node {
 impl Node {
     /// A node whose state is known now (external plugin).
     pub fn new(state: AgentState) -> Node {
-        Node {
-            state: RwLock::new(Some(Arc::new(state))),
-            config_from_runtime: false,
-            registry: Arc::new(Registry::new()),
-            stats: Stats::default(),
-            sync_buf: Mutex::new(vec![]),
-            sync_ids: Default::default(),
-            sync_unaccounted: Default::default(),
-            unaccounted: Default::default(),
-            on_runtime_config: Box::new(|_, _| {}),
-            throttle: Default::default(),
-            enforcement_down: RwLock::new(None),
-            unconfirmed: Pending::new(Duration::from_secs(60)),
-            admitting: Mutex::new(()),
-            nri_required: AtomicBool::new(false),
-            advertise_changed: Default::default(),
-        }
+        Node::with(Some(state), Box::new(|_, _| {}))
     }
 
     /// A node that takes its configuration from the runtime's `Configure` (pre-installed).
     pub fn awaiting_config(
         on_config: impl Fn(&NodeConfig, Backend) + Send + Sync + 'static,
     ) -> Node {
+        Node::with(None, Box::new(on_config))
+    }
+
+    /// `state` now, or (`None`) from the runtime's `Configure`, handed to `on_runtime_config`.
+    fn with(state: Option<AgentState>, on_runtime_config: OnRuntimeConfig) -> Node {
         Node {
-            state: RwLock::new(None),
-            config_from_runtime: true,
+            config_from_runtime: state.is_none(),
+            state: RwLock::new(state.map(Arc::new)),
             registry: Arc::new(Registry::new()),
             stats: Stats::default(),
             sync_buf: Mutex::new(vec![]),
             sync_ids: Default::default(),
             sync_unaccounted: Default::default(),
             unaccounted: Default::default(),
-            on_runtime_config: Box::new(on_config),
+            on_runtime_config,
             throttle: Default::default(),
             enforcement_down: RwLock::new(None),
             unconfirmed: Pending::new(Duration::from_secs(60)),
@@ -836,12 +825,17 @@ impl Node {
                 Ok(Some(adj))
             }
             Err(e) => {
-                self.stats.creates_refused.fetch_add(1, Ordering::Relaxed);
-                self.stats.refused_by[e.reason()].fetch_add(1, Ordering::Relaxed);
+                self.count_refusal(&e);
                 tracing::warn!(error = %e, refusal = e.is_refusal(), "GPU container refused");
                 Err(e.into())
             }
         }
+    }
+
+    /// Counts a refused creation, in all and under its reason.
+    fn count_refusal(&self, e: &DecideError) {
+        self.stats.creates_refused.fetch_add(1, Ordering::Relaxed);
+        self.stats.refused_by[e.reason()].fetch_add(1, Ordering::Relaxed);
     }
 
     /// A container granted no GPU: passed through unchanged, unless its environment would
@@ -1022,8 +1016,7 @@ impl Handler for Node {
                 key: key.to_string(),
                 count,
             };
-            self.stats.creates_refused.fetch_add(1, Ordering::Relaxed);
-            self.stats.refused_by[e.reason()].fetch_add(1, Ordering::Relaxed);
+            self.count_refusal(&e);
             tracing::warn!(pod = %format!("{}/{}", pod.namespace, pod.name), container = %ctr.name, id = %ctr.id, error = %e, "container refused");
             return Err(e.into());
         }

@@ -82,14 +82,10 @@ pub async fn serve(
     });
     // Without TLS (a loopback --listen, tests) every connection is kube-scheduler's: no
     // cap per address below the global one.
-    let limits = crate::http::Limits {
-        max_per_peer: if settings.tls.is_some() {
-            crate::http::Limits::default().max_per_peer
-        } else {
-            usize::MAX
-        },
-        ..crate::http::Limits::default()
-    };
+    let mut limits = crate::http::Limits::default();
+    if settings.tls.is_none() {
+        limits.max_per_peer = usize::MAX;
+    }
     crate::http::serve_tls(
         listener,
         server::router(ext),

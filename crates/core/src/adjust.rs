@@ -341,6 +341,8 @@ pub fn build(
 mod tests {
     use super::*;
     use crate::request::AssignedGpu;
+    use proptest::prelude::*;
+    use std::collections::BTreeMap;
 
     #[test]
     fn a_repeated_gpu_variable_is_found() {
@@ -384,8 +386,6 @@ mod tests {
             None
         );
     }
-    use proptest::prelude::*;
-    use std::collections::BTreeMap;
 
     fn node(path: &str, major: i64, minor: i64) -> DeviceNode {
         DeviceNode {
