@@ -24,13 +24,13 @@ pub struct KubeBinder {
 #[async_trait]
 impl Binder for KubeBinder {
     async fn get_pod(&self, pod: &PodKey) -> Result<Pod, ApiError> {
-        self.pods(pod)
-            .get(&pod.name)
-            .await
-            .map_err(|e| ApiError::GetPod {
+        self.pods(pod).get(&pod.name).await.map_err(|e| match e {
+            kube::Error::Api(s) if s.is_not_found() => ApiError::PodGone { pod: pod.clone() },
+            e => ApiError::GetPod {
                 pod: pod.clone(),
                 source: e.into(),
-            })
+            },
+        })
     }
 
     async fn bind(

@@ -43,6 +43,10 @@ fn shown(pod: &PodKey) -> Echo {
 pub enum ApiError {
     #[error("cannot read pod {:#}: {}", shown(pod), cut_message(&source.to_string(), 200))]
     GetPod { pod: PodKey, source: Cause },
+    /// The API server says the pod does not exist (deleted, e.g. while kube-scheduler placed
+    /// it): nothing can be bound for it, so nothing need be held.
+    #[error("pod {:#} does not exist (deleted)", shown(pod))]
+    PodGone { pod: PodKey },
     #[error(
         "cannot bind pod {:#} to {:#}: {}",
         shown(pod),
@@ -54,15 +58,6 @@ pub enum ApiError {
         node: String,
         source: Cause,
     },
-}
-
-impl ApiError {
-    /// What the API client said, without our context.
-    pub fn cause(&self) -> &Cause {
-        match self {
-            ApiError::GetPod { source, .. } | ApiError::Bind { source, .. } => source,
-        }
-    }
 }
 
 /// A refusal: this pod cannot be bound to this node (retrying the same request will not help
@@ -593,15 +588,22 @@ impl Extender {
             // What the pod holds now is what it carries: bound after all (by an earlier
             // attempt whose answer was lost, or by someone else), the cache takes its
             // assignment, if any, from the pod as the watch would; else nothing.
-            let Ok(now) = self.binder.get_pod(&key).await else {
-                // Bound or not is unknown: what was reserved stays held (the watch tells, or
-                // the reservation expires), rather than a bound pod's GPUs given away.
-                tracing::warn!(pod = %key, "bind failed and the pod cannot be read: its reservation stays until the watch shows the pod or it expires");
-                return Err(e.into());
+            let now = match self.binder.get_pod(&key).await {
+                Ok(now) => Some(now),
+                // Deleted (kube-scheduler placed a pod being deleted): a pod that does not
+                // exist holds nothing, bound before or not; its reservation is given back now,
+                // not when it expires (the watch never reports an unbound pod's deletion).
+                Err(ApiError::PodGone { .. }) => None,
+                Err(_) => {
+                    // Bound or not is unknown: what was reserved stays held (the watch tells,
+                    // or the reservation expires), rather than a bound pod's GPUs given away.
+                    tracing::warn!(pod = %key, "bind failed and the pod cannot be read: its reservation stays until the watch shows the pod or it expires");
+                    return Err(e.into());
+                }
             };
             let mut c = self.lock();
             c.forget_pod(&uid);
-            if let Some(now) = Some(now).filter(|p| {
+            if let Some(now) = now.filter(|p| {
                 p.metadata.uid.as_deref() == Some(&uid)
                     && p.spec
                         .as_ref()
@@ -974,6 +976,8 @@ pub(crate) mod tests {
         AnswerLost,
         /// Ours went through, its answer was lost, and the pod cannot be read afterwards.
         AnswerLostUnreadable,
+        /// The pod was deleted before its Binding: 404, and it is gone afterwards.
+        Deleted,
     }
 
     /// One GPU pod `default/g` (2 GiB, 30 %) with a scheduler name; `bind` waits for `gate`
@@ -990,6 +994,8 @@ pub(crate) mod tests {
         reads: AtomicU64,
         /// `get_pod` fails (set by a Binding ending `AnswerLostUnreadable`).
         unreadable: std::sync::atomic::AtomicBool,
+        /// `get_pod` finds no pod (set by a Binding ending `Deleted`).
+        gone: std::sync::atomic::AtomicBool,
     }
 
     impl GpuPod {
@@ -1003,6 +1009,7 @@ pub(crate) mod tests {
                 bindings: Default::default(),
                 reads: AtomicU64::new(0),
                 unreadable: Default::default(),
+                gone: Default::default(),
             })
         }
     }
@@ -1013,6 +1020,14 @@ pub(crate) mod tests {
             use k8s_openapi::api::core::v1::{Container, PodSpec, ResourceRequirements};
             use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
             self.reads.fetch_add(1, Ordering::Relaxed);
+            if self.gone.load(Ordering::Relaxed) {
+                return Err(ApiError::PodGone {
+                    pod: PodKey {
+                        namespace: "default".into(),
+                        name: "g".into(),
+                    },
+                });
+            }
             if self.unreadable.load(Ordering::Relaxed) {
                 return Err(ApiError::GetPod {
                     pod: PodKey {
@@ -1080,6 +1095,11 @@ pub(crate) mod tests {
                     *self.annotations.lock().unwrap() = Some(a.clone());
                     self.unreadable.store(true, Ordering::Relaxed);
                     Err(err("connection reset"))
+                }
+                BindEnd::Deleted => {
+                    *self.bound_to.lock().unwrap() = None;
+                    self.gone.store(true, Ordering::Relaxed);
+                    Err(err("404 Not Found: pods \"g\" not found"))
                 }
             }
         }
@@ -1330,6 +1350,19 @@ pub(crate) mod tests {
         assert!(ext.bind_inner(&bind_g("a")).await.unwrap_err().is_fault());
         let allocs = held(&ext);
         assert_eq!(allocs.as_array().map(Vec::len), Some(1), "{allocs}");
+
+        // The pod was deleted while kube-scheduler placed it: the API server says it does not
+        // exist, so its reservation is given back at once (the watch never reports an unbound
+        // pod's deletion; waiting for the expiry kept its GPUs from other pods for a minute).
+        let binder = GpuPod::new(None, BindEnd::Deleted);
+        let ext = Extender::new(gpu_cluster(), binder.clone());
+        ext.synced_nodes.store(true, Ordering::Release);
+        ext.synced_pods.store(true, Ordering::Release);
+        binder.gate.notify_one();
+        let e = ext.bind_inner(&bind_g("a")).await.unwrap_err();
+        assert!(e.is_fault(), "{e}");
+        let allocs = held(&ext);
+        assert_eq!(allocs.as_array().map(Vec::len), Some(0), "{allocs}");
     }
 
     #[tokio::test]

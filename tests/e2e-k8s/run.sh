@@ -400,7 +400,9 @@ e2e_check "a pod that runs 4 s is bound and held by the extender" k8s_wait_for 6
 e2e_check "… it ends (Succeeded)" k8s_wait_for 60 "ends succeeded" succeeded ends
 e2e_check "… and the extender lets go of its share within 10 s" k8s_wait_for 10 "ends released" ext_released ends
 # Restarted, the extender rebuilds the same books from the annotation and the pod's spec.
-usage_before=$(ext_curl allocations | jq -c .usage) || true
+allocs_before=$(ext_curl allocations) || true
+usage_before=$(jq -c .usage <<<"$allocs_before") || true
+echo "extender holds before the restart: $(jq -c '[.allocations[].pod]' <<<"$allocs_before" 2>&1)"
 kill -9 "$EXT_PID"
 wait "$EXT_PID" 2>/dev/null || true
 EXT_PID=
