@@ -115,7 +115,7 @@ start_agent() {
     [[ $BENCH_PATH == nri ]] ||
         link=(--no-nri --runtime-socket "$E2E_ROOT/runtime.sock" --runc-root "$E2E_ROOT/runc/k8s.io")
     "$BIN" node "${link[@]}" --gpu-backend sim --dev-root "$E2E_ROOT/simdev" \
-        --node-name bench-node --status-listen "127.0.0.1:$PORT" \
+        --node-name bench-node --status-listen "127.0.0.1:$PORT" --status-socket "$E2E_ROOT/status.sock" \
         --log-file "$E2E_ROOT/agent.log" --state-dir "$E2E_ROOT/agent-state" \
         --limiter-library "$(dirname "$BIN")/libgpushare_limiter.so" "${AGENT_ARGS[@]}" &
     AGENT_PID=$!

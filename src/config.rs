@@ -100,8 +100,11 @@ pub struct NodeConfig {
     /// containerd drops a plugin that misses it) and times every freeze of the containers it
     /// throttles, so it must not be starved by the containers it holds.
     pub nice: i32,
-    /// `host:port` of the status endpoint (`/healthz`, `/registry`, `/metrics`); off when unset.
+    /// `host:port` of the status endpoint (`/healthz`, `/metrics`); off when unset.
     pub status_listen: Option<String>,
+    /// The status socket: `/healthz`, `/metrics`, `/registry` and `/inventory` for root only
+    /// (mode 0600, callers' credentials checked); empty: off.
+    pub status_socket: PathBuf,
     pub log: LogConfig,
     pub resources: ResourceNames,
     pub sim: SimConfig,
@@ -147,6 +150,8 @@ impl Default for RuntimeApiConfig {
 
 /// Where the agent serves the runtime-level modes by default.
 pub const DEFAULT_RUNTIME_SOCKET: &str = "/run/gpushare/runtime.sock";
+/// Where the status socket is by default (`status_socket`).
+pub const DEFAULT_STATUS_SOCKET: &str = "/run/gpushare/status.sock";
 
 /// `[limiter]`: the in-container limiter (the GPU's memory seen as the quota, allocations over
 /// it refused), injected into every GPU container.
@@ -201,6 +206,7 @@ impl Default for NodeConfig {
             require_grant: true,
             nice: -10,
             status_listen: None,
+            status_socket: PathBuf::from(DEFAULT_STATUS_SOCKET),
             log: LogConfig::default(),
             resources: ResourceNames::default(),
             sim: SimConfig::default(),
@@ -242,6 +248,8 @@ pub enum ConfigError {
         "dev_root {0:?} cannot be /dev with gpu_backend sim (it would create device nodes on the host)"
     )]
     SimOnHostDev(PathBuf),
+    #[error("status_socket {0:?} must be an absolute path (or empty: no status socket)")]
+    StatusSocketRelative(PathBuf),
 }
 
 impl NodeConfig {
@@ -279,6 +287,11 @@ impl NodeConfig {
         }
         if self.gpu_backend == GpuBackend::Sim && self.dev_root() == Path::new("/dev") {
             return Err(ConfigError::SimOnHostDev(self.dev_root()));
+        }
+        if !self.status_socket.as_os_str().is_empty() && !self.status_socket.is_absolute() {
+            return Err(ConfigError::StatusSocketRelative(
+                self.status_socket.clone(),
+            ));
         }
         if !self.nri && !self.runtime_api.enabled {
             return Err(ConfigError::NoRuntimeLink);
@@ -407,6 +420,13 @@ mod tests {
                 .starts_with("nri = false and [runtime_api] runc_roots is empty"),
         );
         cfg.runtime_api.runc_roots = vec!["/run/runc".into()];
+        cfg.validate().unwrap();
+        let cfg = NodeConfig::from_toml("status_socket = \"run/status.sock\"", "f.toml").unwrap();
+        assert_eq!(
+            cfg.validate().unwrap_err().to_string(),
+            "status_socket \"run/status.sock\" must be an absolute path (or empty: no status socket)"
+        );
+        let cfg = NodeConfig::from_toml("status_socket = \"\"", "f.toml").unwrap();
         cfg.validate().unwrap();
     }
 }

@@ -224,12 +224,7 @@ pub async fn serve_tls(
             let (stream, peer) = match listener.accept().await {
                 Ok(accepted) => accepted,
                 Err(e) => {
-                    ACCEPT_ERRORS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    if last_error_log.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) {
-                        tracing::warn!(error = %e, "accept failed; retrying");
-                        last_error_log = Some(std::time::Instant::now());
-                    }
-                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    accept_failed(&e, &mut last_error_log).await;
                     continue;
                 }
             };
@@ -272,6 +267,68 @@ pub async fn serve_tls(
                 }
             });
             // Reap finished connection tasks so the set does not grow.
+            while connections.try_join_next().is_some() {}
+        }
+    };
+    tokio::select! {
+        _ = accept => {}
+        _ = shutdown => {}
+    }
+    Ok(())
+}
+
+/// Counts an accept error, logs it (at most once a second) and pauses before the retry.
+async fn accept_failed(e: &std::io::Error, last_log: &mut Option<std::time::Instant>) {
+    ACCEPT_ERRORS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    if last_log.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) {
+        tracing::warn!(error = %e, "accept failed; retrying");
+        *last_log = Some(std::time::Instant::now());
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
+}
+
+/// Serves `router` on a unix socket within `limits` (`max_per_peer` does not apply: every
+/// caller is root) until `shutdown` completes. A connection whose peer is neither root nor
+/// this process's own user (kernel credentials, `SO_PEERCRED`; the agent runs as root) is
+/// closed unanswered, whatever the socket file's mode.
+pub async fn serve_unix(
+    listener: tokio::net::UnixListener,
+    router: Router,
+    limits: Limits,
+    shutdown: impl Future<Output = ()> + Send,
+) -> std::io::Result<()> {
+    let timeout = limits.request_timeout;
+    let router = router.layer(axum::middleware::from_fn(
+        move |req: Request, next: Next| request_deadline(timeout, req, next),
+    ));
+    let permits = Arc::new(Semaphore::new(limits.max_connections.max(1)));
+    let mut connections = tokio::task::JoinSet::new();
+    let accept = async {
+        let mut last_error_log: Option<std::time::Instant> = None;
+        loop {
+            let stream = match listener.accept().await {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    accept_failed(&e, &mut last_error_log).await;
+                    continue;
+                }
+            };
+            let own = nix::unistd::geteuid().as_raw();
+            if !stream
+                .peer_cred()
+                .is_ok_and(|c| c.uid() == 0 || c.uid() == own)
+            {
+                tracing::debug!("unix socket caller is neither root nor this user: closed");
+                continue;
+            }
+            let Ok(permit) = permits.clone().try_acquire_owned() else {
+                continue;
+            };
+            let router = router.clone();
+            connections.spawn(async move {
+                let _held = permit;
+                serve_connection(stream, router, limits).await
+            });
             while connections.try_join_next().is_some() {}
         }
     };

@@ -1,5 +1,9 @@
-//! The node agent's local status endpoint: `/healthz`, `/registry` and `/inventory` (JSON),
-//! `/metrics` (Prometheus text), served with axum like the scheduler extender.
+//! The node agent's status endpoint: `/healthz` and `/metrics` (Prometheus text) on TCP
+//! (`status_listen`, for kubelet's probes and Prometheus), and those with `/registry` and
+//! `/inventory` (JSON: every GPU container's pod, cgroup path and shares; the GPUs and their
+//! device nodes) on a unix socket only root reaches (`status_socket`), served with axum like
+//! the scheduler extender. On TCP those two answer 403: whoever reaches the port (a pod, when
+//! it listens on the node's addresses) learns nothing of the node's other containers.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -154,8 +158,20 @@ pub fn metrics(node: &Node) -> String {
     m.finish()
 }
 
-/// The endpoint's routes (any method, as before axum); anything else is 404 `not found`.
+/// The TCP endpoint's routes (any method, as before axum): `/healthz`, `/metrics`; `/registry`
+/// and `/inventory` are 403 (the status socket's only); anything else is 404 `not found`.
 pub fn router(node: Arc<Node>) -> Router {
+    Router::new()
+        .route("/healthz", any(healthz))
+        .route("/registry", any(socket_only))
+        .route("/inventory", any(socket_only))
+        .route("/metrics", any(metrics_route))
+        .fallback(not_found)
+        .with_state(node)
+}
+
+/// The status socket's routes: the TCP endpoint's, `/registry` and `/inventory` answered.
+pub fn socket_router(node: Arc<Node>) -> Router {
     Router::new()
         .route("/healthz", any(healthz))
         .route("/registry", any(registry))
@@ -206,6 +222,14 @@ async fn metrics_route(State(node): State<Arc<Node>>) -> Response {
     text(StatusCode::OK, CONTENT_TYPE, metrics(&node))
 }
 
+async fn socket_only() -> Response {
+    text(
+        StatusCode::FORBIDDEN,
+        "text/plain",
+        "served only on the agent's status socket (status_socket, root only)\n".into(),
+    )
+}
+
 async fn not_found() -> Response {
     text(StatusCode::NOT_FOUND, "text/plain", "not found\n".into())
 }
@@ -229,6 +253,31 @@ pub async fn serve_on(listener: TcpListener, node: Arc<Node>) -> std::io::Result
             max_per_peer: STATUS_MAX_PER_PEER,
             ..crate::http::Limits::default()
         },
+        std::future::pending(),
+    )
+    .await
+}
+
+/// Serves the status socket at `path` (its directory made 0700 if missing, a stale socket
+/// replaced, the socket 0600; callers other than root are closed unanswered) until the task is
+/// dropped.
+pub async fn serve_socket(path: &std::path::Path, node: Arc<Node>) -> anyhow::Result<()> {
+    let listener = crate::runtime::api::bind("status", path)?;
+    tracing::info!(path = %path.display(), "status socket listening");
+    serve_socket_on(listener, node).await?;
+    Ok(())
+}
+
+/// Serves the status socket on `listener` until the task is dropped (128 connections, the
+/// deadlines of [`crate::http::Limits::default`]).
+pub async fn serve_socket_on(
+    listener: tokio::net::UnixListener,
+    node: Arc<Node>,
+) -> std::io::Result<()> {
+    crate::http::serve_unix(
+        listener,
+        socket_router(node),
+        crate::http::Limits::default(),
         std::future::pending(),
     )
     .await

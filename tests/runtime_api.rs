@@ -40,7 +40,7 @@ async fn the_runtime_api_gives_the_nri_decision_to_root_only() {
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("run/runtime.sock");
     let node = Arc::new(Node::new(AgentState::in_memory("test-node")));
-    let listener = api::bind(&socket).unwrap();
+    let listener = api::bind("runtime_api", &socket).unwrap();
     let pending = Arc::new(gpushare::runtime::pending::Pending::new(
         Duration::from_secs(60),
     ));

@@ -53,9 +53,12 @@ pub struct NodeArgs {
     pub plugin_index: Option<String>,
     #[arg(long)]
     pub node_name: Option<String>,
-    /// host:port for /healthz, /registry, /metrics.
+    /// host:port for /healthz, /metrics.
     #[arg(long, alias = "metrics-addr")]
     pub status_listen: Option<String>,
+    /// The root-only status socket (/registry, /inventory too); empty: off.
+    #[arg(long)]
+    pub status_socket: Option<PathBuf>,
     /// Compute-quota policy: hard or burst.
     #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(gpushare_core::control::ComputePolicy::NAMES)
         .map(|s| s.parse::<gpushare_core::control::ComputePolicy>().expect("a listed name")))]
@@ -151,6 +154,7 @@ impl NodeConfig {
         if args.status_listen.is_some() {
             self.status_listen = args.status_listen.clone();
         }
+        set(&mut self.status_socket, &args.status_socket);
         if args.log_file.is_some() {
             self.log.file = args.log_file.clone();
         }
@@ -218,6 +222,11 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<()> {
                     tracing::error!(error = %e, "status endpoint failed");
                 }
             });
+        }
+        if !cfg.status_socket.as_os_str().is_empty() {
+            let listener = crate::runtime::api::bind("status", &cfg.status_socket)?;
+            tracing::info!(path = %cfg.status_socket.display(), "status socket listening");
+            tokio::spawn(crate::status::serve_socket_on(listener, node.clone()));
         }
         // Started last: nothing after it can fail and leave its sockets behind.
         let device_plugin = cfg.device_plugin.enabled.then(|| {
@@ -296,7 +305,7 @@ async fn serve_runtime_api(
 ) -> anyhow::Result<()> {
     use crate::nri::service::Handler;
     use crate::runtime::pending::Pending;
-    let listener = crate::runtime::api::bind(&api.socket)?;
+    let listener = crate::runtime::api::bind("runtime_api", &api.socket)?;
     let pending = Arc::new(Pending::new(Duration::from_millis(api.hook_grace_ms)));
     if !nri {
         let (runc, roots) = (api.runc.clone(), api.runc_roots.clone());
@@ -426,11 +435,13 @@ pub fn run_preinstalled(fd: &str) -> anyhow::Result<()> {
     let rt = super::runtime()?;
     rt.block_on(async move {
         let status_started = std::sync::Mutex::new(false);
+        let socket_started = std::sync::Mutex::new(false);
         let node = Arc::new_cyclic(|weak: &std::sync::Weak<Node>| {
             let weak = weak.clone();
             Node::awaiting_config(move |cfg: &NodeConfig, backend: Backend| {
                 super::logging::reconfigure(&cfg.log);
                 let mut started = status_started.lock().expect("status lock");
+                let mut started_socket = socket_started.lock().expect("status lock");
                 if !*started && let Some(node) = weak.upgrade() {
                     match start_controller(cfg, &node, backend.source) {
                         // Runs for the life of the process; the guardian covers its end.
@@ -449,6 +460,18 @@ pub fn run_preinstalled(fd: &str) -> anyhow::Result<()> {
                     tokio::spawn(async move {
                         if let Err(e) = crate::status::serve(&addr, node).await {
                             tracing::error!(error = %e, "status endpoint failed");
+                        }
+                    });
+                }
+                if !*started_socket
+                    && !cfg.status_socket.as_os_str().is_empty()
+                    && let Some(node) = weak.upgrade()
+                {
+                    *started_socket = true;
+                    let path = cfg.status_socket.clone();
+                    tokio::spawn(async move {
+                        if let Err(e) = crate::status::serve_socket(&path, node).await {
+                            tracing::error!(error = %e, "status socket failed");
                         }
                     });
                 }

@@ -137,18 +137,21 @@ pub fn check_id(id: &str) -> Result<(), String> {
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
-    #[error("runtime_api socket {}: {source}", path.display())]
+    #[error("{what} socket {}: {source}", path.display())]
     Socket {
+        /// Which socket: `runtime_api`, `status`.
+        what: &'static str,
         path: PathBuf,
         source: std::io::Error,
     },
 }
 
-/// Binds the socket: its directory created 0700 if missing, a stale socket replaced, the
-/// socket itself 0600.
-pub fn bind(path: &Path) -> Result<tokio::net::UnixListener, ServeError> {
+/// Binds a root-only socket (`what` names it in errors: `runtime_api`, `status`): its
+/// directory created 0700 if missing, a stale socket replaced, the socket itself 0600.
+pub fn bind(what: &'static str, path: &Path) -> Result<tokio::net::UnixListener, ServeError> {
     use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
     let err = |source| ServeError::Socket {
+        what,
         path: path.to_path_buf(),
         source,
     };
@@ -437,7 +440,11 @@ mod tests {
         let sock = dir.path().join("runtime.sock");
         let node = Arc::new(Node::new(AgentState::in_memory("n")));
         let pending = Arc::new(Pending::new(Duration::ZERO));
-        tokio::spawn(serve(bind(&sock).unwrap(), node.clone(), pending));
+        tokio::spawn(serve(
+            bind("runtime_api", &sock).unwrap(),
+            node.clone(),
+            pending,
+        ));
         let s = sock.clone();
         let created = tokio::task::spawn_blocking(move || {
             let req = Request::Create {

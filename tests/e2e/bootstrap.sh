@@ -239,6 +239,7 @@ write_node_config() { # FILE LIBRARY [STATUS_LISTEN]
         echo 'gpu_backend = "sim"'
         echo 'node_name = "e2e-node"'
         echo "dev_root = \"$E2E_ROOT/simdev\""
+        echo "status_socket = \"$E2E_ROOT/status.sock\""
         [[ -z ${3:-} ]] || echo "status_listen = \"$3\""
         cat <<EOF
 [log]

@@ -27,6 +27,7 @@ echo "containerd pid $E2E_CONTAINERD_PID, NRI socket $E2E_NRI_SOCK"
 step "gpushare node --gpu-backend sim (4 GPUs x 15 GiB)"
 "$BIN" node --nri-socket "$E2E_NRI_SOCK" --gpu-backend sim --sim-gpus 4 --sim-gpu-memory-mib 15360 \
     --node-name demo-node --dev-root "$root/simdev" --status-listen "127.0.0.1:$PORT" \
+    --status-socket "$root/status.sock" \
     --log-file "$root/agent.log" --state-dir "$root/state" \
     --limiter-library "$REL/libgpushare_limiter.so" --sim-driver-dir "$DRIVER_DIR" &
 AGENT_PID=$!
@@ -42,7 +43,7 @@ step "the sample job: limits {aliyun.com/gpu-mem: 2, aliyun.com/gpu-core.percent
 # What the gpushare scheduler writes on the pod, and what kubelet passes to the container
 # after the device plugin's Allocate. The scheduler itself comes with its own issue; here the
 # assignment is written as it would be: GPU 0, 2048 MiB, 30 %.
-uuid0=$(curl -fsS "127.0.0.1:$PORT/inventory" | jq -r '.inventory.gpus[0].uuid')
+uuid0=$(curl -fsS --unix-socket "$root/status.sock" http://status/inventory | jq -r '.inventory.gpus[0].uuid')
 assignment=$(jq -cn --arg u "$uuid0" '{version:1, timestamp:(now|todate), containers:{main:[{gpuIndex:0, gpuUuid:$u, memoryMiB:2048, corePercent:30}]}}')
 echo "pod annotation gpushare.io/assignment: $assignment"
 # The workload: a busy loop that counts rounds (like the sample job's images/sec), written
@@ -74,7 +75,7 @@ e2e_crictl exec "$cid" sh -c '/usr/local/bin/gpu-probe dlopen init alloc:1024 sl
     sleep 2; /usr/local/bin/gpu-probe dlopen init info' 2>&1 | sed 's/^/    /'
 
 step "the node agent's registry and metrics"
-curl -fsS "127.0.0.1:$PORT/registry" | jq -c '.[] | {pod: "\(.pod_namespace)/\(.pod_name)", container: .container_name, state, cgroups_path, gpus: [.gpus[] | {index, memory_mib, core_percent}]}'
+curl -fsS --unix-socket "$root/status.sock" http://status/registry | jq -c '.[] | {pod: "\(.pod_namespace)/\(.pod_name)", container: .container_name, state, cgroups_path, gpus: [.gpus[] | {index, memory_mib, core_percent}]}'
 curl -fsS "127.0.0.1:$PORT/metrics" | grep -E '^gpushare_gpu_(memory_assigned_mib|core_assigned_percent)\{gpu="0"|^gpushare_create_container_total'
 
 step "compute quota: the same job unconstrained (GPU 1, 100 %) next to the sample job (GPU 0, 30 %)"

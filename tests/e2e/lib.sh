@@ -822,15 +822,23 @@ e2e_agent_launch() {
     local bin=$1 port=$2 driver=$3
     shift 3
     "$bin" node ${E2E_NRI_SOCK:+--nri-socket "$E2E_NRI_SOCK"} --gpu-backend sim --dev-root "$E2E_ROOT/simdev" \
-        --node-name e2e-node --status-listen "127.0.0.1:$port" --log-file "$E2E_ROOT/agent.log" \
+        --node-name e2e-node --status-listen "127.0.0.1:$port" --status-socket "$E2E_ROOT/status.sock" \
+        --log-file "$E2E_ROOT/agent.log" \
         --state-dir "$E2E_ROOT/state" --limiter-library "$(dirname "$bin")/libgpushare_limiter.so" \
         --sim-driver-dir "$driver" "$@" &
     E2E_AGENT_PID=$!
 }
 
 # e2e_agent_status PORT PATH: the agent's status endpoint PATH (healthz, registry, inventory,
-# metrics) on stdout; fails when it does not answer 2xx within 5 s.
-e2e_agent_status() { curl -fsS --max-time 5 "http://127.0.0.1:$1/$2"; }
+# metrics) on stdout; fails when it does not answer 2xx within 5 s. registry and inventory come
+# from the root-only status socket (E2E_STATUS_SOCKET, default ROOT/status.sock, where
+# e2e_start_agent puts it): the TCP port answers them 403.
+e2e_agent_status() {
+    case $2 in
+    registry | inventory) curl -fsS --max-time 5 --unix-socket "${E2E_STATUS_SOCKET:-$E2E_ROOT/status.sock}" "http://status/$2" ;;
+    *) curl -fsS --max-time 5 "http://127.0.0.1:$1/$2" ;;
+    esac
+}
 
 # e2e_agent_wait_healthy PORT [SECONDS]: wait until the agent's /healthz answers (it is
 # registered with the runtime and synchronized), at most SECONDS (default 10); else print
@@ -851,7 +859,7 @@ e2e_agent_wait_healthy() {
 # GPU. The cgroup comes from the agent's registry.
 e2e_cpu_ns() {
     local path
-    path=$(curl -fsS "127.0.0.1:$1/registry" | jq -r --arg id "$2" '.[] | select(.id == $id) | .cgroups_path')
+    path=$(e2e_agent_status "$1" registry | jq -r --arg id "$2" '.[] | select(.id == $id) | .cgroups_path')
     [[ -n $path ]] || return 1
     if [[ -f /sys/fs/cgroup/cpuacct$path/cpuacct.usage ]]; then
         cat "/sys/fs/cgroup/cpuacct$path/cpuacct.usage"

@@ -25,6 +25,12 @@ cleanup() {
 trap cleanup EXIT
 
 status() { e2e_agent_status "$PORT" "$1"; }
+status_code() { curl -s -o /dev/null -w '%{http_code}' --max-time 5 "127.0.0.1:$PORT/$1"; }
+tcp_keeps_details() { [[ $(status_code registry) == 403 && $(status_code inventory) == 403 ]]; }
+socket_serves_details() {
+    status registry >/dev/null && status inventory >/dev/null &&
+        [[ $(stat -c %a "$E2E_ROOT/status.sock") == 600 ]]
+}
 
 wait_healthy() { e2e_agent_wait_healthy "$PORT"; }
 
@@ -204,6 +210,9 @@ for V in "${VERSIONS[@]}"; do
     else
         e2e_require "$V: agent registers over $E2E_NRI_SOCK" start_agent
     fi
+    e2e_check "$V: the status port answers /registry and /inventory 403 (the node's containers are not for whoever reaches it)" \
+        tcp_keeps_details
+    e2e_check "$V: … the status socket answers them, and is root's only (0600)" socket_serves_details
 
     # The image (or the pod) asks nvidia-container-runtime for every GPU; gpushare's grant wins.
     e2e_write_pod gpu1 "$(e2e_assignment 1 2048 30)" 2 30 "" "$NVIDIA_ALL_ENV"
@@ -281,6 +290,7 @@ gpu_backend = "sim"
 node_name = "e2e-node"
 dev_root = "$E2E_ROOT/simdev"
 status_listen = "127.0.0.1:$PORT"
+status_socket = "$E2E_ROOT/status.sock"
 [log]
 file = "$E2E_ROOT/agent.log"
 [limiter]

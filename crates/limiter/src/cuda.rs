@@ -49,6 +49,14 @@ macro_rules! real {
 }
 
 real!(R_CTX_GET_DEVICE, c"cuCtxGetDevice");
+real!(R_CTX_GET_CURRENT, c"cuCtxGetCurrent");
+real!(R_CTX_DESTROY, c"cuCtxDestroy_v2");
+real!(R_PRIMARY_CTX_RETAIN, c"cuDevicePrimaryCtxRetain");
+real!(R_PRIMARY_CTX_RELEASE, c"cuDevicePrimaryCtxRelease_v2");
+real!(R_PRIMARY_CTX_RELEASE_V1, c"cuDevicePrimaryCtxRelease");
+real!(R_PRIMARY_CTX_RESET, c"cuDevicePrimaryCtxReset_v2");
+real!(R_PRIMARY_CTX_RESET_V1, c"cuDevicePrimaryCtxReset");
+real!(R_PRIMARY_CTX_GET_STATE, c"cuDevicePrimaryCtxGetState");
 real!(R_DEVICE_GET_UUID_V2, c"cuDeviceGetUuid_v2");
 real!(R_DEVICE_GET_UUID, c"cuDeviceGetUuid");
 real!(R_MEM_ALLOC, c"cuMemAlloc_v2");
@@ -66,6 +74,12 @@ real!(R_MEM_FREE_ASYNC, c"cuMemFreeAsync");
 real!(R_MEM_FREE_ASYNC_PTSZ, c"cuMemFreeAsync_ptsz");
 real!(R_MEM_CREATE, c"cuMemCreate");
 real!(R_MEM_RELEASE, c"cuMemRelease");
+real!(R_MEM_MAP, c"cuMemMap");
+real!(R_MEM_UNMAP, c"cuMemUnmap");
+real!(
+    R_MEM_RETAIN_ALLOCATION_HANDLE,
+    c"cuMemRetainAllocationHandle"
+);
 real!(R_ARRAY_CREATE, c"cuArrayCreate_v2");
 real!(R_ARRAY_3D_CREATE, c"cuArray3DCreate_v2");
 real!(R_ARRAY_DESTROY, c"cuArrayDestroy");
@@ -162,9 +176,35 @@ fn current_pos(lim: &Limiter) -> Result<usize, CuResult> {
     device_pos(lim, dev)
 }
 
-/// Counts `bytes` on a GPU, runs the real allocation, records the handle it produced.
+/// Who frees an allocation besides its own free.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Owner {
+    /// The current context: destroyed (or a primary context reset), it frees what it holds.
+    Context,
+    /// Nobody: a stream-ordered allocation (its pool's), a VMM handle (the process's).
+    Own,
+}
+
+/// The current context, 0 if there is none or the driver cannot say.
+fn current_ctx() -> u64 {
+    let mut ctx: *mut c_void = std::ptr::null_mut();
+    let rc = call_real!(R_CTX_GET_CURRENT, fn(*mut *mut c_void), &mut ctx);
+    if rc == CUDA_SUCCESS { ctx as u64 } else { 0 }
+}
+
+/// What `owner` means for an allocation made now: the context to record.
+fn owner_ctx(owner: Owner) -> u64 {
+    match owner {
+        Owner::Context => current_ctx(),
+        Owner::Own => 0,
+    }
+}
+
+/// Counts `bytes` on a GPU, runs the real allocation, records the handle it produced (and the
+/// context that owns it, per `owner`).
 fn counted_alloc(
     kind: Kind,
+    owner: Owner,
     pos: impl FnOnce(&Limiter) -> Result<usize, CuResult>,
     bytes: u64,
     alloc: impl FnOnce() -> CuResult,
@@ -185,7 +225,8 @@ fn counted_alloc(
         lim.release(pos, bytes);
         return rc;
     }
-    state::record(lim, kind, handle(), Counted { pos, bytes });
+    let ctx = owner_ctx(owner);
+    state::record(lim, kind, handle(), Counted::new(pos, bytes, ctx));
     CUDA_SUCCESS
 }
 
@@ -210,6 +251,7 @@ fn counted_free(kind: Kind, key: u64, free: impl FnOnce() -> CuResult) -> CuResu
 fn alloc_device_ptr(
     dptr: *mut CuDevicePtr,
     bytesize: usize,
+    owner: Owner,
     forward: impl FnOnce() -> CuResult,
 ) -> CuResult {
     if dptr.is_null() || bytesize == 0 {
@@ -217,6 +259,7 @@ fn alloc_device_ptr(
     }
     counted_alloc(
         Kind::DevicePtr,
+        owner,
         current_pos,
         bytesize as u64,
         forward,
@@ -227,7 +270,7 @@ fn alloc_device_ptr(
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CuDevicePtr, bytesize: usize) -> CuResult {
-    alloc_device_ptr(dptr, bytesize, || {
+    alloc_device_ptr(dptr, bytesize, Owner::Context, || {
         call_real!(R_MEM_ALLOC, fn(*mut CuDevicePtr, usize), dptr, bytesize)
     })
 }
@@ -238,7 +281,7 @@ pub unsafe extern "C" fn cuMemAllocManaged(
     bytesize: usize,
     flags: c_uint,
 ) -> CuResult {
-    alloc_device_ptr(dptr, bytesize, || {
+    alloc_device_ptr(dptr, bytesize, Owner::Context, || {
         call_real!(
             R_MEM_ALLOC_MANAGED,
             fn(*mut CuDevicePtr, usize, c_uint),
@@ -255,7 +298,7 @@ fn alloc_async(
     bytesize: usize,
     stream: CuStream,
 ) -> CuResult {
-    alloc_device_ptr(dptr, bytesize, || {
+    alloc_device_ptr(dptr, bytesize, Owner::Own, || {
         call_real!(
             sym,
             fn(*mut CuDevicePtr, usize, CuStream),
@@ -291,7 +334,7 @@ fn alloc_from_pool(
     pool: CuMemPool,
     stream: CuStream,
 ) -> CuResult {
-    alloc_device_ptr(dptr, bytesize, || {
+    alloc_device_ptr(dptr, bytesize, Owner::Own, || {
         call_real!(
             sym,
             fn(*mut CuDevicePtr, usize, CuMemPool, CuStream),
@@ -368,10 +411,7 @@ fn alloc_pitched(
         lim,
         Kind::DevicePtr,
         ptr,
-        Counted {
-            pos,
-            bytes: actual.max(1),
-        },
+        Counted::new(pos, actual.max(1), current_ctx()),
     );
     CUDA_SUCCESS
 }
@@ -437,6 +477,7 @@ pub unsafe extern "C" fn cuMemAlloc(dptr: *mut CuDevicePtrV1, bytesize: c_uint) 
     }
     counted_alloc(
         Kind::DevicePtr,
+        Owner::Context,
         current_pos,
         u64::from(bytesize),
         forward,
@@ -547,6 +588,7 @@ pub unsafe extern "C" fn cuMemCreate(
     }
     counted_alloc(
         Kind::VmmHandle,
+        Owner::Own,
         |lim| device_pos(lim, head.location_id),
         size as u64,
         forward,
@@ -555,11 +597,192 @@ pub unsafe extern "C" fn cuMemCreate(
     )
 }
 
+// A VMM allocation's memory is freed when its last holder goes: its references (`cuMemCreate`'s,
+// each `cuMemRetainAllocationHandle`'s, dropped by `cuMemRelease`) and its mappings (`cuMemMap`,
+// dropped by `cuMemUnmap`). Its count goes with the last of them, so a handle released while
+// still mapped stays counted until unmapped.
+
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemRelease(handle: CuMemHandle) -> CuResult {
-    counted_free(Kind::VmmHandle, handle, || {
-        call_real!(R_MEM_RELEASE, fn(CuMemHandle), handle)
-    })
+    let taken = state::vmm_release(handle);
+    let rc = call_real!(R_MEM_RELEASE, fn(CuMemHandle), handle);
+    let Some(lim) = state::loaded_limiter() else {
+        return rc;
+    };
+    match taken {
+        state::Released::Last(c) if rc == CUDA_SUCCESS => lim.release(c.pos, c.bytes),
+        taken if rc != CUDA_SUCCESS => state::vmm_release_failed(lim, handle, taken),
+        _ => {}
+    }
+    rc
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemMap(
+    ptr: CuDevicePtr,
+    size: usize,
+    offset: usize,
+    handle: CuMemHandle,
+    flags: u64,
+) -> CuResult {
+    let rc = call_real!(
+        R_MEM_MAP,
+        fn(CuDevicePtr, usize, usize, CuMemHandle, u64),
+        ptr,
+        size,
+        offset,
+        handle,
+        flags
+    );
+    if rc == CUDA_SUCCESS
+        && let Some(lim) = state::loaded_limiter()
+    {
+        state::vmm_hold(lim, handle, Some((ptr, size as u64)));
+    }
+    rc
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemUnmap(ptr: CuDevicePtr, size: usize) -> CuResult {
+    let taken = state::vmm_take_mappings(ptr, size as u64);
+    let rc = call_real!(R_MEM_UNMAP, fn(CuDevicePtr, usize), ptr, size);
+    if let Some(lim) = state::loaded_limiter() {
+        state::vmm_unmapped(lim, taken, rc == CUDA_SUCCESS);
+    }
+    rc
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemRetainAllocationHandle(
+    handle: *mut CuMemHandle,
+    addr: *mut c_void,
+) -> CuResult {
+    let rc = call_real!(
+        R_MEM_RETAIN_ALLOCATION_HANDLE,
+        fn(*mut CuMemHandle, *mut c_void),
+        handle,
+        addr
+    );
+    if rc == CUDA_SUCCESS
+        && !handle.is_null()
+        && let Some(lim) = state::loaded_limiter()
+    {
+        // SAFETY: handle is non-null and the driver wrote it on success.
+        state::vmm_hold(lim, unsafe { *handle }, None);
+    }
+    rc
+}
+
+// --- contexts: what the driver frees with them ------------------------------------------------
+//
+// Destroying a context frees every allocation made in it; so does resetting a device's primary
+// context (`cudaDeviceReset` does) or releasing its last reference. Their counts are given back
+// once the driver says it did so (the call succeeded; for a release, the primary context is no
+// longer active), never on the caller's word: a failed call, or a release that leaves the
+// context active, keeps every count.
+
+/// The primary context each CUDA ordinal's `cuDevicePrimaryCtxRetain` returned (0: not seen).
+static PRIMARY_CTX: [std::sync::atomic::AtomicU64; MAX_ORDINALS] =
+    [const { std::sync::atomic::AtomicU64::new(0) }; MAX_ORDINALS];
+
+fn primary_slot(dev: CuDevice) -> Option<&'static std::sync::atomic::AtomicU64> {
+    usize::try_from(dev)
+        .ok()
+        .filter(|&d| d < MAX_ORDINALS)
+        .map(|d| &PRIMARY_CTX[d])
+}
+
+/// Gives back what context `ctx` owned.
+fn context_freed(ctx: u64) {
+    if let Some(lim) = state::loaded_limiter() {
+        state::forget_context(lim, ctx);
+    }
+}
+
+/// The primary context of `dev` has freed its allocations: gives back their counts.
+fn primary_freed(dev: CuDevice) {
+    if let Some(slot) = primary_slot(dev) {
+        context_freed(slot.load(Acquire));
+    }
+}
+
+/// Whether `dev`'s primary context is still active (true when the driver cannot say).
+fn primary_active(dev: CuDevice) -> bool {
+    let (mut flags, mut active): (c_uint, c_int) = (0, 1);
+    let rc = call_real!(
+        R_PRIMARY_CTX_GET_STATE,
+        fn(CuDevice, *mut c_uint, *mut c_int),
+        dev,
+        &mut flags,
+        &mut active
+    );
+    rc != CUDA_SUCCESS || active != 0
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(
+    ctx: *mut *mut c_void,
+    dev: CuDevice,
+) -> CuResult {
+    let rc = call_real!(
+        R_PRIMARY_CTX_RETAIN,
+        fn(*mut *mut c_void, CuDevice),
+        ctx,
+        dev
+    );
+    if rc == CUDA_SUCCESS
+        && !ctx.is_null()
+        && let Some(slot) = primary_slot(dev)
+    {
+        // SAFETY: ctx is non-null and the driver wrote it on success.
+        slot.store(unsafe { *ctx } as u64, Release);
+    }
+    rc
+}
+
+fn primary_release(sym: &RealSym, dev: CuDevice) -> CuResult {
+    let rc = call_real!(sym, fn(CuDevice), dev);
+    if rc == CUDA_SUCCESS && !primary_active(dev) {
+        primary_freed(dev);
+    }
+    rc
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDevicePrimaryCtxRelease_v2(dev: CuDevice) -> CuResult {
+    primary_release(&R_PRIMARY_CTX_RELEASE, dev)
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDevicePrimaryCtxRelease(dev: CuDevice) -> CuResult {
+    primary_release(&R_PRIMARY_CTX_RELEASE_V1, dev)
+}
+
+fn primary_reset(sym: &RealSym, dev: CuDevice) -> CuResult {
+    let rc = call_real!(sym, fn(CuDevice), dev);
+    if rc == CUDA_SUCCESS {
+        primary_freed(dev);
+    }
+    rc
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDevicePrimaryCtxReset_v2(dev: CuDevice) -> CuResult {
+    primary_reset(&R_PRIMARY_CTX_RESET, dev)
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDevicePrimaryCtxReset(dev: CuDevice) -> CuResult {
+    primary_reset(&R_PRIMARY_CTX_RESET_V1, dev)
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxDestroy_v2(ctx: *mut c_void) -> CuResult {
+    let rc = call_real!(R_CTX_DESTROY, fn(*mut c_void), ctx);
+    if rc == CUDA_SUCCESS {
+        context_freed(ctx as u64);
+    }
+    rc
 }
 
 /// `CUDA_ARRAY_DESCRIPTOR`.
@@ -667,7 +890,7 @@ fn alloc_array(
     let Some(bytes) = bytes.filter(|_| !handle.is_null()) else {
         return forward();
     };
-    counted_alloc(kind, current_pos, bytes, forward, || {
+    counted_alloc(kind, Owner::Context, current_pos, bytes, forward, || {
         // SAFETY: handle is non-null and written by the driver on success.
         unsafe { *handle as u64 }
     })
@@ -937,10 +1160,11 @@ fn interpose_proc(symbol: *const c_char, pfn: *mut *mut c_void, version: c_int, 
         }
     }
     // The driver answered with an address we do not know: choose the variant by version.
-    let v2_from = if requested == b"cuGetProcAddress" {
-        12000
-    } else {
-        3020
+    let v2_from = match requested {
+        b"cuGetProcAddress" => 12000,
+        b"cuDevicePrimaryCtxRelease" | b"cuDevicePrimaryCtxReset" => 11000,
+        b"cuCtxDestroy" => 4000,
+        _ => 3020,
     };
     let order: [Option<&[u8]>; 3] = [
         (flags & PER_THREAD_DEFAULT_STREAM != 0).then_some(b"_ptsz"),

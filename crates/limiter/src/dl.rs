@@ -31,7 +31,7 @@ macro_rules! hooks {
     };
 }
 
-static CUDA_HOOKS: [Hook; 28] = hooks![
+static CUDA_HOOKS: [Hook; 37] = hooks![
     R_MEM_ALLOC => cuMemAlloc_v2,
     R_MEM_ALLOC_PITCH => cuMemAllocPitch_v2,
     R_MEM_ALLOC_MANAGED => cuMemAllocManaged,
@@ -44,6 +44,9 @@ static CUDA_HOOKS: [Hook; 28] = hooks![
     R_MEM_FREE_ASYNC_PTSZ => cuMemFreeAsync_ptsz,
     R_MEM_CREATE => cuMemCreate,
     R_MEM_RELEASE => cuMemRelease,
+    R_MEM_MAP => cuMemMap,
+    R_MEM_UNMAP => cuMemUnmap,
+    R_MEM_RETAIN_ALLOCATION_HANDLE => cuMemRetainAllocationHandle,
     R_ARRAY_CREATE => cuArrayCreate_v2,
     R_ARRAY_3D_CREATE => cuArray3DCreate_v2,
     R_ARRAY_DESTROY => cuArrayDestroy,
@@ -58,6 +61,12 @@ static CUDA_HOOKS: [Hook; 28] = hooks![
     R_ARRAY_3D_CREATE_V1 => cuArray3DCreate,
     R_MEM_GET_INFO_V1 => cuMemGetInfo,
     R_DEVICE_TOTAL_MEM_V1 => cuDeviceTotalMem,
+    R_CTX_DESTROY => cuCtxDestroy_v2,
+    R_PRIMARY_CTX_RETAIN => cuDevicePrimaryCtxRetain,
+    R_PRIMARY_CTX_RELEASE => cuDevicePrimaryCtxRelease_v2,
+    R_PRIMARY_CTX_RELEASE_V1 => cuDevicePrimaryCtxRelease,
+    R_PRIMARY_CTX_RESET => cuDevicePrimaryCtxReset_v2,
+    R_PRIMARY_CTX_RESET_V1 => cuDevicePrimaryCtxReset,
     R_GET_PROC_ADDRESS => cuGetProcAddress,
     R_GET_PROC_ADDRESS_V2 => cuGetProcAddress_v2,
 ];

@@ -416,15 +416,44 @@ pub(crate) enum Kind {
 pub(crate) struct Counted {
     pub(crate) pos: usize,
     pub(crate) bytes: u64,
+    /// The context that owns the allocation (the driver frees it with the context: destroyed,
+    /// its primary context reset or released for good); 0: none (stream-ordered and VMM
+    /// allocations, or the context was unknown), freed only by its own free or the exit.
+    pub(crate) ctx: u64,
+    /// A VMM handle's holders: its references (`cuMemCreate`'s, each
+    /// `cuMemRetainAllocationHandle`) and its mappings (`cuMemMap`). The driver frees its
+    /// memory when the last goes, not at a `cuMemRelease` while it is mapped. 1 for the others.
+    pub(crate) holders: u32,
 }
 
-/// The process's allocation table behind a spin lock that `fork` handlers hold across fork.
-pub(crate) struct Table(SpinLock<BTreeMap<(Kind, u64), Counted>>);
+impl Counted {
+    pub(crate) fn new(pos: usize, bytes: u64, ctx: u64) -> Counted {
+        Counted {
+            pos,
+            bytes,
+            ctx,
+            holders: 1,
+        }
+    }
+}
 
-pub(crate) static TABLE: Table = Table(SpinLock::new(BTreeMap::new()));
+/// What the process holds: its allocations by kind and driver handle, and its VMM mappings by
+/// address (size, handle).
+pub(crate) struct Books {
+    pub(crate) counted: BTreeMap<(Kind, u64), Counted>,
+    pub(crate) mappings: BTreeMap<u64, (u64, u64)>,
+}
+
+/// The process's books behind a spin lock that `fork` handlers hold across fork.
+pub(crate) struct Table(SpinLock<Books>);
+
+pub(crate) static TABLE: Table = Table(SpinLock::new(Books {
+    counted: BTreeMap::new(),
+    mappings: BTreeMap::new(),
+}));
 
 impl Table {
-    pub(crate) fn with<R>(&self, f: impl FnOnce(&mut BTreeMap<(Kind, u64), Counted>) -> R) -> R {
+    pub(crate) fn with<R>(&self, f: impl FnOnce(&mut Books) -> R) -> R {
         self.0.with(|m| {
             #[cfg(feature = "test-paths")]
             test_hooks::hold_table();
@@ -469,14 +498,133 @@ mod test_hooks {
 /// Records an allocation; a stale entry under the same handle (the driver reused an address
 /// whose free we did not see) is given back first.
 pub(crate) fn record(lim: &Limiter, kind: Kind, key: u64, counted: Counted) {
-    if let Some(old) = TABLE.with(|m| m.insert((kind, key), counted)) {
+    if let Some(old) = TABLE.with(|b| b.counted.insert((kind, key), counted)) {
         lim.release(old.pos, old.bytes);
     }
 }
 
 /// Forgets an allocation, returning what it counted (None for a pointer we never counted).
 pub(crate) fn forget(kind: Kind, key: u64) -> Option<Counted> {
-    TABLE.with(|m| m.remove(&(kind, key)))
+    TABLE.with(|b| b.counted.remove(&(kind, key)))
+}
+
+/// A VMM handle we count gains a holder: a retained reference, or (`mapping`: address, size)
+/// a mapping. A mapping recorded at the same address before (its unmap unseen) lets go of its
+/// handle first.
+pub(crate) fn vmm_hold(lim: &Limiter, handle: u64, mapping: Option<(u64, u64)>) {
+    let freed = TABLE.with(|b| {
+        let c = b.counted.get_mut(&(Kind::VmmHandle, handle))?;
+        c.holders = c.holders.saturating_add(1);
+        let (va, size) = mapping?;
+        let (_, old) = b.mappings.insert(va, (size, handle))?;
+        let_go(b, old)
+    });
+    if let Some(c) = freed {
+        lim.release(c.pos, c.bytes);
+    }
+}
+
+/// One holder of `handle` fewer; its count when that was the last (removed from the books).
+fn let_go(b: &mut Books, handle: u64) -> Option<Counted> {
+    let key = (Kind::VmmHandle, handle);
+    let c = b.counted.get_mut(&key)?;
+    c.holders = c.holders.saturating_sub(1);
+    if c.holders == 0 {
+        b.counted.remove(&key)
+    } else {
+        None
+    }
+}
+
+/// What a `cuMemRelease` took from the books before the driver's answer.
+pub(crate) enum Released {
+    /// Not a handle we count.
+    Unknown,
+    /// Its last holder: the count, to give back if the driver releases it.
+    Last(Counted),
+    /// It stays held (mapped, or retained again).
+    Held,
+}
+
+/// Takes one holder of `handle` before its release is passed on (so no other thread can see
+/// the handle reused while it is still in the books).
+pub(crate) fn vmm_release(handle: u64) -> Released {
+    TABLE.with(|b| {
+        if !b.counted.contains_key(&(Kind::VmmHandle, handle)) {
+            return Released::Unknown;
+        }
+        match let_go(b, handle) {
+            Some(c) => Released::Last(c),
+            None => Released::Held,
+        }
+    })
+}
+
+/// The release failed: the holder [`vmm_release`] took is put back.
+pub(crate) fn vmm_release_failed(lim: &Limiter, handle: u64, taken: Released) {
+    match taken {
+        Released::Unknown => {}
+        Released::Last(c) => record(lim, Kind::VmmHandle, handle, c),
+        Released::Held => {
+            TABLE.with(|b| {
+                if let Some(c) = b.counted.get_mut(&(Kind::VmmHandle, handle)) {
+                    c.holders = c.holders.saturating_add(1);
+                }
+            });
+        }
+    }
+}
+
+/// Takes the mappings recorded in `[va, va + size)` out of the books before their unmap is
+/// passed on (their handles keep their holders until [`vmm_unmapped`]).
+pub(crate) fn vmm_take_mappings(va: u64, size: u64) -> Vec<(u64, u64, u64)> {
+    TABLE.with(|b| {
+        let vas: Vec<u64> = b
+            .mappings
+            .range(va..va.saturating_add(size.max(1)))
+            .map(|(&v, _)| v)
+            .collect();
+        vas.into_iter()
+            .filter_map(|v| b.mappings.remove(&v).map(|(s, h)| (v, s, h)))
+            .collect()
+    })
+}
+
+/// The unmap succeeded: each taken mapping's handle loses that holder (given back when it was
+/// the last); failed: the mappings go back into the books.
+pub(crate) fn vmm_unmapped(lim: &Limiter, taken: Vec<(u64, u64, u64)>, ok: bool) {
+    let freed: Vec<Counted> = TABLE.with(|b| {
+        if ok {
+            taken.iter().filter_map(|&(_, _, h)| let_go(b, h)).collect()
+        } else {
+            for (v, s, h) in taken {
+                b.mappings.insert(v, (s, h));
+            }
+            Vec::new()
+        }
+    });
+    for c in freed {
+        lim.release(c.pos, c.bytes);
+    }
+}
+
+/// Gives back every allocation context `ctx` owned (the driver freed them with it).
+pub(crate) fn forget_context(lim: &Limiter, ctx: u64) {
+    if ctx == 0 {
+        return;
+    }
+    let mut gone = Vec::new();
+    TABLE.with(|b| {
+        b.counted.retain(|_, c| {
+            if c.ctx == ctx {
+                gone.push(*c);
+            }
+            c.ctx != ctx
+        })
+    });
+    for c in gone {
+        lim.release(c.pos, c.bytes);
+    }
 }
 
 static FORK_HANDLERS: AtomicBool = AtomicBool::new(false);
@@ -494,7 +642,9 @@ fn register_fork_handlers() {
     extern "C" fn child() {
         // The child has none of the parent's GPU memory and no slot of its own yet.
         // SAFETY: the lock is held (prepare) and the child is single-threaded.
-        unsafe { TABLE.0.locked_value() }.clear();
+        let books = unsafe { TABLE.0.locked_value() };
+        books.counted.clear();
+        books.mappings.clear();
         MY_SLOT.store(NO_SLOT, Release);
         MY_OWNER.store(OwnerWord::FREE, Release);
         TABLE.0.unlock();

@@ -1,11 +1,14 @@
 //! A fake CUDA driver (`libcuda.so.1`) for testing the limiter without a GPU: one device of
 //! [`TOTAL`] bytes, allocations counted in process memory, just the entry points the limiter
 //! interposes plus what a program needs to get there (`cuInit`, `cuDeviceGet`,
-//! `cuCtxCreate_v2`, `cuCtxGetDevice`, `cuDeviceGetUuid`). Like the real driver it refuses
-//! calls before `cuInit` (`CUDA_ERROR_NOT_INITIALIZED`) or without a context
-//! (`CUDA_ERROR_INVALID_CONTEXT`), and `cuGetProcAddress` picks versioned variants itself
-//! (`_v2` from 3020 and the legacy 32-bit entry point below, `_ptsz` with the per-thread
-//! flag, `cuGetProcAddress_v2` from 12000). Legacy allocations get addresses below 4 GiB (a
+//! `cuCtxCreate_v2`, `cuCtxGetDevice`, `cuDeviceGetUuid`, the context calls). Like the real
+//! driver it refuses calls before `cuInit` (`CUDA_ERROR_NOT_INITIALIZED`) or without a context
+//! (`CUDA_ERROR_INVALID_CONTEXT`), frees a context's allocations with it (`cuCtxDestroy_v2`,
+//! the primary context's reset or last release; not the stream-ordered and VMM ones, which no
+//! context owns), and `cuGetProcAddress` picks versioned variants itself (`_v2` from 3020 and
+//! the legacy 32-bit entry point below, `cuCtxDestroy_v2` from 4000, the primary context's
+//! release and reset `_v2` from 11000, `_ptsz` with the per-thread flag, `cuGetProcAddress_v2`
+//! from 12000). Legacy allocations get addresses below 4 GiB (a
 //! `CUdeviceptr_v1` is 32 bits); the legacy views saturate at 4 GiB − 1.
 //! `gpushareFakeCudaUsedBytes` tells a test what the "driver" holds;
 //! `gpushareFakeCudaSetAllocDelayUs` keeps every allocation inside the driver for a while and
@@ -38,14 +41,22 @@ const INVALID_CONTEXT: CuResult = 201;
 const NOT_FOUND: CuResult = 500;
 
 static INIT: AtomicBool = AtomicBool::new(false);
-static CONTEXT: AtomicBool = AtomicBool::new(false);
+/// The current context (one for the whole process here; 0: none).
+static CURRENT: AtomicU64 = AtomicU64::new(0);
+/// The next context `cuCtxCreate` makes.
+static NEXT_CTX: AtomicU64 = AtomicU64::new(0xc0);
+/// Device 0's primary context, and how many references it has (active while any).
+const PRIMARY: u64 = 0xb0;
+static PRIMARY_REFS: AtomicU64 = AtomicU64::new(0);
 static USED: AtomicU64 = AtomicU64::new(0);
 static NEXT: AtomicU64 = AtomicU64::new(0x7f00_0000_0000);
 /// Where the legacy (32-bit `CUdeviceptr_v1`) allocations are placed: below 4 GiB.
 static NEXT_V1: AtomicU64 = AtomicU64::new(0x1000_0000);
 /// The allocation table, behind a spin lock that `fork` handlers hold across `fork`, so a child
 /// forked while another thread allocates finds it unlocked (a `Mutex` would stay locked).
-static ALLOCS: SpinLock<BTreeMap<u64, u64>> = SpinLock::new(BTreeMap::new());
+/// Handle → (size, owning context or 0: the stream-ordered and VMM allocations, freed only by
+/// their own free).
+static ALLOCS: SpinLock<BTreeMap<u64, (u64, u64)>> = SpinLock::new(BTreeMap::new());
 /// Test knob: how long each allocation stays inside the driver (µs), and how many are there.
 static ALLOC_DELAY_US: AtomicU64 = AtomicU64::new(0);
 static IN_FLIGHT: AtomicU64 = AtomicU64::new(0);
@@ -92,35 +103,41 @@ fn ready() -> Result<(), CuResult> {
     if !INIT.load(SeqCst) {
         return Err(NOT_INITIALIZED);
     }
-    if !CONTEXT.load(SeqCst) {
+    if CURRENT.load(SeqCst) == 0 {
         return Err(INVALID_CONTEXT);
     }
     Ok(())
 }
 
+/// An allocation the current context owns (freed with it).
 fn alloc(size: u64) -> Result<u64, CuResult> {
-    alloc_at(&NEXT, u64::MAX, size)
+    alloc_at(&NEXT, u64::MAX, size, CURRENT.load(SeqCst))
+}
+
+/// An allocation no context owns (stream-ordered: its pool's; VMM: the process's).
+fn alloc_unowned(size: u64) -> Result<u64, CuResult> {
+    alloc_at(&NEXT, u64::MAX, size, 0)
 }
 
 /// A legacy allocation: its address fits a 32-bit `CUdeviceptr_v1`.
 fn alloc_v1(size: u64) -> Result<u32, CuResult> {
-    alloc_at(&NEXT_V1, u64::from(u32::MAX), size).map(|p| p as u32)
+    alloc_at(&NEXT_V1, u64::from(u32::MAX), size, CURRENT.load(SeqCst)).map(|p| p as u32)
 }
 
 /// Takes `size` bytes of the GPU at the next 2 MiB-aligned address of `next`, refusing an
-/// address range past `end`.
-fn alloc_at(next: &AtomicU64, end: u64, size: u64) -> Result<u64, CuResult> {
+/// address range past `end`; `ctx` owns it (0: none).
+fn alloc_at(next: &AtomicU64, end: u64, size: u64, ctx: u64) -> Result<u64, CuResult> {
     IN_FLIGHT.fetch_add(1, SeqCst);
     let delay = ALLOC_DELAY_US.load(SeqCst);
     if delay > 0 {
         std::thread::sleep(std::time::Duration::from_micros(delay));
     }
-    let r = take(next, end, size);
+    let r = take(next, end, size, ctx);
     IN_FLIGHT.fetch_sub(1, SeqCst);
     r
 }
 
-fn take(next: &AtomicU64, end: u64, size: u64) -> Result<u64, CuResult> {
+fn take(next: &AtomicU64, end: u64, size: u64, ctx: u64) -> Result<u64, CuResult> {
     ready()?;
     if size == 0 {
         return Err(INVALID_VALUE);
@@ -139,7 +156,7 @@ fn take(next: &AtomicU64, end: u64, size: u64) -> Result<u64, CuResult> {
         USED.fetch_sub(size, SeqCst);
         return Err(OUT_OF_MEMORY);
     }
-    ALLOCS.with(|m| m.insert(handle, size));
+    ALLOCS.with(|m| m.insert(handle, (size, ctx)));
     Ok(handle)
 }
 
@@ -148,12 +165,28 @@ fn free(handle: u64) -> CuResult {
         return rc;
     }
     match ALLOCS.with(|m| m.remove(&handle)) {
-        Some(size) => {
+        Some((size, _)) => {
             USED.fetch_sub(size, SeqCst);
             SUCCESS
         }
         None => INVALID_VALUE,
     }
+}
+
+/// Frees everything context `ctx` owns, and makes no context current if it was.
+fn context_gone(ctx: u64) {
+    let freed: u64 = ALLOCS.with(|m| {
+        let mut freed = 0;
+        m.retain(|_, &mut (size, owner)| {
+            if owner == ctx {
+                freed += size;
+            }
+            owner != ctx
+        });
+        freed
+    });
+    USED.fetch_sub(freed, SeqCst);
+    let _ = CURRENT.compare_exchange(ctx, 0, SeqCst, SeqCst);
 }
 
 fn out<T>(p: *mut T, r: Result<T, CuResult>) -> CuResult {
@@ -166,6 +199,17 @@ fn out<T>(p: *mut T, r: Result<T, CuResult>) -> CuResult {
         Ok(_) => INVALID_VALUE,
         Err(rc) => rc,
     }
+}
+
+/// `NOT_INITIALIZED` before `cuInit`, `INVALID_DEVICE` for any device but 0.
+fn device_ready(dev: c_int) -> Result<(), CuResult> {
+    if !INIT.load(SeqCst) {
+        return Err(NOT_INITIALIZED);
+    }
+    if dev != 0 {
+        return Err(INVALID_DEVICE);
+    }
+    Ok(())
 }
 
 /// A device query: `NOT_INITIALIZED` before `cuInit`, `INVALID_DEVICE` for any device but 0,
@@ -221,8 +265,96 @@ pub unsafe extern "C" fn cuCtxCreate_v2(
     if dev != 0 {
         return INVALID_DEVICE;
     }
-    CONTEXT.store(true, SeqCst);
-    out(ctx, Ok(std::ptr::without_provenance_mut(0xc0)))
+    let c = NEXT_CTX.fetch_add(1, SeqCst);
+    CURRENT.store(c, SeqCst);
+    out(ctx, Ok(std::ptr::without_provenance_mut(c as usize)))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuCtxDestroy_v2(ctx: *mut c_void) -> CuResult {
+    let c = ctx as u64;
+    if !INIT.load(SeqCst) {
+        return NOT_INITIALIZED;
+    }
+    if c < 0xc0 || c >= NEXT_CTX.load(SeqCst) {
+        return INVALID_CONTEXT;
+    }
+    context_gone(c);
+    SUCCESS
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxGetCurrent(ctx: *mut *mut c_void) -> CuResult {
+    if !INIT.load(SeqCst) {
+        return NOT_INITIALIZED;
+    }
+    out(
+        ctx,
+        Ok(std::ptr::without_provenance_mut(
+            CURRENT.load(SeqCst) as usize
+        )),
+    )
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuCtxSetCurrent(ctx: *mut c_void) -> CuResult {
+    if !INIT.load(SeqCst) {
+        return NOT_INITIALIZED;
+    }
+    CURRENT.store(ctx as u64, SeqCst);
+    SUCCESS
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(ctx: *mut *mut c_void, dev: c_int) -> CuResult {
+    let rc = on_device(ctx, dev, std::ptr::without_provenance_mut(PRIMARY as usize));
+    if rc == SUCCESS {
+        PRIMARY_REFS.fetch_add(1, SeqCst);
+    }
+    rc
+}
+
+/// One reference fewer; the last one destroys the context (and frees what it owns).
+#[unsafe(no_mangle)]
+pub extern "C" fn cuDevicePrimaryCtxRelease_v2(dev: c_int) -> CuResult {
+    if let Err(rc) = device_ready(dev) {
+        return rc;
+    }
+    match PRIMARY_REFS.fetch_update(SeqCst, SeqCst, |r| r.checked_sub(1)) {
+        Ok(1) => {
+            context_gone(PRIMARY);
+            SUCCESS
+        }
+        Ok(_) => SUCCESS,
+        Err(_) => INVALID_CONTEXT,
+    }
+}
+
+/// Frees what the primary context owns; it stays retained (and current, if it was).
+#[unsafe(no_mangle)]
+pub extern "C" fn cuDevicePrimaryCtxReset_v2(dev: c_int) -> CuResult {
+    if let Err(rc) = device_ready(dev) {
+        return rc;
+    }
+    let current = CURRENT.load(SeqCst);
+    context_gone(PRIMARY);
+    if current == PRIMARY {
+        CURRENT.store(PRIMARY, SeqCst);
+    }
+    SUCCESS
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDevicePrimaryCtxGetState(
+    dev: c_int,
+    flags: *mut c_uint,
+    active: *mut c_int,
+) -> CuResult {
+    let rc = on_device(flags, dev, 0);
+    if rc != SUCCESS {
+        return rc;
+    }
+    out(active, Ok(c_int::from(PRIMARY_REFS.load(SeqCst) > 0)))
 }
 
 #[unsafe(no_mangle)]
@@ -241,24 +373,24 @@ pub unsafe extern "C" fn cuDeviceGetUuid_v2(uuid: *mut [u8; 16], dev: c_int) -> 
     unsafe { cuDeviceGetUuid(uuid, dev) }
 }
 
-/// The device-pointer allocations: each takes `size` bytes and writes the pointer to `dptr`;
-/// the arguments after the size (flags, stream, pool) make no difference here.
+/// The device-pointer allocations: each takes `size` bytes by `$how` and writes the pointer to
+/// `dptr`; the arguments after the size (flags, stream, pool) make no difference here.
 macro_rules! device_ptr_allocs {
-    ($($name:ident($($arg:ident: $ty:ty),*);)*) => {$(
+    ($($name:ident($($arg:ident: $ty:ty),*) by $how:ident;)*) => {$(
         #[unsafe(no_mangle)]
         pub unsafe extern "C" fn $name(dptr: *mut u64, size: usize $(, $arg: $ty)*) -> CuResult {
-            out(dptr, alloc(size as u64))
+            out(dptr, $how(size as u64))
         }
     )*};
 }
 
 device_ptr_allocs! {
-    cuMemAlloc_v2();
-    cuMemAllocManaged(_flags: c_uint);
-    cuMemAllocAsync(_stream: *mut c_void);
-    cuMemAllocAsync_ptsz(_stream: *mut c_void);
-    cuMemAllocFromPoolAsync(_pool: *mut c_void, _stream: *mut c_void);
-    cuMemAllocFromPoolAsync_ptsz(_pool: *mut c_void, _stream: *mut c_void);
+    cuMemAlloc_v2() by alloc;
+    cuMemAllocManaged(_flags: c_uint) by alloc;
+    cuMemAllocAsync(_stream: *mut c_void) by alloc_unowned;
+    cuMemAllocAsync_ptsz(_stream: *mut c_void) by alloc_unowned;
+    cuMemAllocFromPoolAsync(_pool: *mut c_void, _stream: *mut c_void) by alloc_unowned;
+    cuMemAllocFromPoolAsync_ptsz(_pool: *mut c_void, _stream: *mut c_void) by alloc_unowned;
 }
 
 /// Rows are padded to 512 bytes, as drivers do.
@@ -346,20 +478,134 @@ pub unsafe extern "C" fn cuMemCreate(
     if location_type == 1 && location_id != 0 {
         return INVALID_DEVICE;
     }
-    if location_type == 1 {
-        return out(handle, alloc(size as u64));
+    let h = if location_type == 1 {
+        alloc_unowned(size as u64)
+    } else {
+        ready().map(|()| {
+            let h = NEXT.fetch_add(1 << 21, SeqCst);
+            ALLOCS.with(|m| m.insert(h, (0, 0)));
+            h
+        })
+    };
+    if let Ok(h) = h {
+        VMM.with(|v| v.handles.insert(h, (1, 0)));
     }
-    if let Err(rc) = ready() {
-        return rc;
+    out(handle, h)
+}
+
+/// The VMM handles' holders and the mappings: an allocation's memory is freed when its last
+/// reference (`cuMemCreate`'s, each `cuMemRetainAllocationHandle`'s) is released and its last
+/// mapping unmapped, whichever comes last.
+struct Vmm {
+    /// Handle → (references, mappings).
+    handles: BTreeMap<u64, (u32, u32)>,
+    /// Address → (size, handle).
+    mappings: BTreeMap<u64, (u64, u64)>,
+}
+
+static VMM: SpinLock<Vmm> = SpinLock::new(Vmm {
+    handles: BTreeMap::new(),
+    mappings: BTreeMap::new(),
+});
+
+/// Frees `handle`'s memory if nothing holds it any more.
+fn vmm_settle(v: &mut Vmm, handle: u64) {
+    if v.handles.get(&handle) == Some(&(0, 0)) {
+        v.handles.remove(&handle);
+        free(handle);
     }
-    let h = NEXT.fetch_add(1 << 21, SeqCst);
-    ALLOCS.with(|m| m.insert(h, 0));
-    out(handle, Ok(h))
 }
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuMemRelease(handle: u64) -> CuResult {
-    free(handle)
+    if let Err(rc) = ready() {
+        return rc;
+    }
+    VMM.with(|v| match v.handles.get_mut(&handle) {
+        Some((refs, _)) if *refs > 0 => {
+            *refs -= 1;
+            vmm_settle(v, handle);
+            SUCCESS
+        }
+        _ => INVALID_VALUE,
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemMap(
+    ptr: u64,
+    size: usize,
+    _offset: usize,
+    handle: u64,
+    _flags: u64,
+) -> CuResult {
+    if let Err(rc) = ready() {
+        return rc;
+    }
+    VMM.with(|v| {
+        let taken = v
+            .mappings
+            .range(..ptr.saturating_add(size as u64))
+            .next_back();
+        if size == 0 || taken.is_some_and(|(&va, &(s, _))| va + s > ptr) {
+            return INVALID_VALUE;
+        }
+        match v.handles.get_mut(&handle) {
+            Some((refs, maps)) if *refs > 0 => {
+                *maps += 1;
+                v.mappings.insert(ptr, (size as u64, handle));
+                SUCCESS
+            }
+            _ => INVALID_VALUE,
+        }
+    })
+}
+
+/// Unmaps every mapping that starts in `[ptr, ptr + size)` (the driver unmaps whole mappings
+/// only).
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemUnmap(ptr: u64, size: usize) -> CuResult {
+    if let Err(rc) = ready() {
+        return rc;
+    }
+    VMM.with(|v| {
+        let vas: Vec<u64> = v
+            .mappings
+            .range(ptr..ptr.saturating_add(size as u64))
+            .map(|(&va, _)| va)
+            .collect();
+        if vas.is_empty() {
+            return INVALID_VALUE;
+        }
+        for va in vas {
+            let (_, h) = v.mappings.remove(&va).expect("listed");
+            if let Some((_, maps)) = v.handles.get_mut(&h) {
+                *maps -= 1;
+            }
+            vmm_settle(v, h);
+        }
+        SUCCESS
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemRetainAllocationHandle(
+    handle: *mut u64,
+    addr: *mut c_void,
+) -> CuResult {
+    if let Err(rc) = ready() {
+        return rc;
+    }
+    let a = addr as u64;
+    let found = VMM.with(|v| {
+        let (&va, &(size, h)) = v.mappings.range(..=a).next_back()?;
+        if a >= va + size {
+            return None;
+        }
+        v.handles.get_mut(&h)?.0 += 1;
+        Some(h)
+    });
+    out(handle, found.ok_or(INVALID_VALUE))
 }
 
 fn array_size(width: usize, height: usize, depth: usize, format: c_uint, channels: c_uint) -> u64 {
@@ -532,6 +778,13 @@ fn entry(name: &[u8]) -> Option<*mut c_void> {
         b"cuDeviceGet" => cuDeviceGet as *mut c_void,
         b"cuDeviceGetCount" => cuDeviceGetCount as *mut c_void,
         b"cuCtxCreate_v2" => cuCtxCreate_v2 as *mut c_void,
+        b"cuCtxDestroy_v2" => cuCtxDestroy_v2 as *mut c_void,
+        b"cuCtxGetCurrent" => cuCtxGetCurrent as *mut c_void,
+        b"cuCtxSetCurrent" => cuCtxSetCurrent as *mut c_void,
+        b"cuDevicePrimaryCtxRetain" => cuDevicePrimaryCtxRetain as *mut c_void,
+        b"cuDevicePrimaryCtxRelease_v2" => cuDevicePrimaryCtxRelease_v2 as *mut c_void,
+        b"cuDevicePrimaryCtxReset_v2" => cuDevicePrimaryCtxReset_v2 as *mut c_void,
+        b"cuDevicePrimaryCtxGetState" => cuDevicePrimaryCtxGetState as *mut c_void,
         b"cuCtxGetDevice" => cuCtxGetDevice as *mut c_void,
         b"cuDeviceGetUuid" => cuDeviceGetUuid as *mut c_void,
         b"cuDeviceGetUuid_v2" => cuDeviceGetUuid_v2 as *mut c_void,
@@ -547,6 +800,9 @@ fn entry(name: &[u8]) -> Option<*mut c_void> {
         b"cuMemFreeAsync_ptsz" => cuMemFreeAsync_ptsz as *mut c_void,
         b"cuMemCreate" => cuMemCreate as *mut c_void,
         b"cuMemRelease" => cuMemRelease as *mut c_void,
+        b"cuMemMap" => cuMemMap as *mut c_void,
+        b"cuMemUnmap" => cuMemUnmap as *mut c_void,
+        b"cuMemRetainAllocationHandle" => cuMemRetainAllocationHandle as *mut c_void,
         b"cuArrayCreate_v2" => cuArrayCreate_v2 as *mut c_void,
         b"cuArray3DCreate_v2" => cuArray3DCreate_v2 as *mut c_void,
         b"cuArrayDestroy" => cuArrayDestroy as *mut c_void,
@@ -567,6 +823,14 @@ fn entry(name: &[u8]) -> Option<*mut c_void> {
     })
 }
 
+/// Names whose `_v2` variant came later, and the version it came with (earlier versions get the
+/// first variant, which this driver does not have).
+const V2_FROM_LATER: &[(&[u8], c_int)] = &[
+    (b"cuCtxDestroy", 4000),
+    (b"cuDevicePrimaryCtxRelease", 11000),
+    (b"cuDevicePrimaryCtxReset", 11000),
+];
+
 /// Names that have a `_v2` variant from CUDA 3.2 (3020).
 const V2_FROM_3020: &[&[u8]] = &[
     b"cuCtxCreate",
@@ -586,7 +850,14 @@ fn proc_address(symbol: *const c_char, version: c_int, flags: u64) -> Option<*mu
     // SAFETY: symbol is the caller's NUL-terminated name.
     let base = unsafe { CStr::from_ptr(symbol) }.to_bytes();
     let mut name = base.to_vec();
-    if V2_FROM_3020.contains(&base) {
+    if let Some(from) = V2_FROM_LATER
+        .iter()
+        .find_map(|&(n, from)| (n == base).then_some(from))
+    {
+        if version >= from {
+            name.extend_from_slice(b"_v2");
+        }
+    } else if V2_FROM_3020.contains(&base) {
         if version < 3020 {
             return entry(base); // the legacy (32-bit) entry point, where simulated
         }

@@ -8,6 +8,10 @@
 //! `alloc32:MiB`, `pitch32:WIDTH_BYTES:HEIGHT`, `array32:W:H`, `array3d32:W:H:D`, `info32`,
 //! `devtotal32`, `free:N` (the N-th successful allocation, with its matching free),
 //! `free-bogus`, `info-null`, `devtotal-null`, `driver-used`, `nvml`, `nvml-v2`, `nvml-null`,
+//! `map:N:MiB` / `unmap:N:MiB` (VMM allocation N at an address of its own), `retain:N` (the
+//! handle mapped there, retained: a new allocation number),
+//! `ctx-destroy` (destroys `init`'s context and makes a new one current), `primary` (retains
+//! device 0's primary context and makes it current), `primary-release`, `primary-reset`,
 //! `smi`, `ready`, `wait` (blocks until a line or EOF on stdin), `sleep:MS`,
 //! `fork:STEP/STEP/…` (a child runs those steps, its lines prefixed `child `, and exits; the
 //! parent waits at most 5 s), `rawfork:STEP/…` (the same through glibc's `_Fork`, which runs no
@@ -29,6 +33,11 @@ pub struct Cuda {
     pub init: unsafe extern "C" fn(c_uint) -> CuResult,
     pub device_get: unsafe extern "C" fn(*mut c_int, c_int) -> CuResult,
     pub ctx_create: unsafe extern "C" fn(*mut *mut c_void, c_uint, c_int) -> CuResult,
+    pub ctx_destroy: unsafe extern "C" fn(*mut c_void) -> CuResult,
+    pub ctx_set_current: unsafe extern "C" fn(*mut c_void) -> CuResult,
+    pub primary_retain: unsafe extern "C" fn(*mut *mut c_void, c_int) -> CuResult,
+    pub primary_release: unsafe extern "C" fn(c_int) -> CuResult,
+    pub primary_reset: unsafe extern "C" fn(c_int) -> CuResult,
     pub alloc: unsafe extern "C" fn(*mut u64, usize) -> CuResult,
     pub alloc_managed: unsafe extern "C" fn(*mut u64, usize, c_uint) -> CuResult,
     pub alloc_async: unsafe extern "C" fn(*mut u64, usize, *mut c_void) -> CuResult,
@@ -39,6 +48,9 @@ pub struct Cuda {
     pub free_async: unsafe extern "C" fn(u64, *mut c_void) -> CuResult,
     pub mem_create: unsafe extern "C" fn(*mut u64, usize, *const AllocationProp, u64) -> CuResult,
     pub mem_release: unsafe extern "C" fn(u64) -> CuResult,
+    pub mem_map: unsafe extern "C" fn(u64, usize, usize, u64, u64) -> CuResult,
+    pub mem_unmap: unsafe extern "C" fn(u64, usize) -> CuResult,
+    pub mem_retain: unsafe extern "C" fn(*mut u64, *mut c_void) -> CuResult,
     pub array_create: unsafe extern "C" fn(*mut u64, *const ArrayDesc) -> CuResult,
     pub array3d_create: unsafe extern "C" fn(*mut u64, *const Array3dDesc) -> CuResult,
     pub array_destroy: unsafe extern "C" fn(u64) -> CuResult,
@@ -170,6 +182,11 @@ impl Cuda {
                 init = c"cuInit",
                 device_get = c"cuDeviceGet",
                 ctx_create = c"cuCtxCreate",
+                ctx_destroy = c"cuCtxDestroy",
+                ctx_set_current = c"cuCtxSetCurrent",
+                primary_retain = c"cuDevicePrimaryCtxRetain",
+                primary_release = c"cuDevicePrimaryCtxRelease",
+                primary_reset = c"cuDevicePrimaryCtxReset",
                 alloc = c"cuMemAlloc",
                 alloc_managed = c"cuMemAllocManaged",
                 alloc_async = c"cuMemAllocAsync",
@@ -179,6 +196,9 @@ impl Cuda {
                 free_async = c"cuMemFreeAsync",
                 mem_create = c"cuMemCreate",
                 mem_release = c"cuMemRelease",
+                mem_map = c"cuMemMap",
+                mem_unmap = c"cuMemUnmap",
+                mem_retain = c"cuMemRetainAllocationHandle",
                 array_create = c"cuArrayCreate",
                 array3d_create = c"cuArray3DCreate",
                 array_destroy = c"cuArrayDestroy",
@@ -194,6 +214,11 @@ impl Cuda {
                 init = c"cuInit",
                 device_get = c"cuDeviceGet",
                 ctx_create = c"cuCtxCreate_v2",
+                ctx_destroy = c"cuCtxDestroy_v2",
+                ctx_set_current = c"cuCtxSetCurrent",
+                primary_retain = c"cuDevicePrimaryCtxRetain",
+                primary_release = c"cuDevicePrimaryCtxRelease_v2",
+                primary_reset = c"cuDevicePrimaryCtxReset_v2",
                 alloc = c"cuMemAlloc_v2",
                 alloc_managed = c"cuMemAllocManaged",
                 alloc_async = c"cuMemAllocAsync",
@@ -203,6 +228,9 @@ impl Cuda {
                 free_async = c"cuMemFreeAsync",
                 mem_create = c"cuMemCreate",
                 mem_release = c"cuMemRelease",
+                mem_map = c"cuMemMap",
+                mem_unmap = c"cuMemUnmap",
+                mem_retain = c"cuMemRetainAllocationHandle",
                 array_create = c"cuArrayCreate_v2",
                 array3d_create = c"cuArray3DCreate_v2",
                 array_destroy = c"cuArrayDestroy",
@@ -264,6 +292,14 @@ fn num(s: Option<&str>) -> usize {
         .unwrap_or_else(|| fail(&format!("bad number {s:?}")))
 }
 
+/// Where `map:I` maps VMM allocation I (a range of its own for each I).
+fn vmm_address(i: usize) -> u64 {
+    0x6000_0000_0000 + ((i as u64) << 36)
+}
+
+/// The context `init` (or `ctx-destroy`) created.
+static CTX: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
 /// How many of the process's arguments come before its steps (for `exec`).
 static ARGS_BEFORE_STEPS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
@@ -297,7 +333,43 @@ fn run_steps(cuda: &Cuda, steps: &[String], held: &mut Vec<Held>, prefix: &str) 
                     }
                     rc
                 };
+                CTX.store(ctx as usize, std::sync::atomic::Ordering::Relaxed);
                 format!("init rc={rc}")
+            }
+            "ctx-destroy" => {
+                let old = CTX.load(std::sync::atomic::Ordering::Relaxed);
+                let mut ctx = std::ptr::null_mut();
+                // SAFETY: the context `init` made; a valid out-pointer.
+                let (rc, new) = unsafe {
+                    (
+                        (cuda.ctx_destroy)(std::ptr::without_provenance_mut(old)),
+                        (cuda.ctx_create)(&mut ctx, 0, 0),
+                    )
+                };
+                CTX.store(ctx as usize, std::sync::atomic::Ordering::Relaxed);
+                format!("ctx-destroy rc={rc} new={new}")
+            }
+            "primary" => {
+                let mut ctx = std::ptr::null_mut();
+                // SAFETY: a valid out-pointer; the context the driver returned.
+                let rc = unsafe {
+                    let mut rc = (cuda.primary_retain)(&mut ctx, 0);
+                    if rc == 0 {
+                        rc = (cuda.ctx_set_current)(ctx);
+                    }
+                    rc
+                };
+                format!("primary rc={rc}")
+            }
+            "primary-release" => {
+                // SAFETY: plain device ordinal.
+                let rc = unsafe { (cuda.primary_release)(0) };
+                format!("primary-release rc={rc}")
+            }
+            "primary-reset" => {
+                // SAFETY: plain device ordinal.
+                let rc = unsafe { (cuda.primary_reset)(0) };
+                format!("primary-reset rc={rc}")
             }
             "info" => {
                 let (mut free, mut total) = (0, 0);
@@ -379,6 +451,34 @@ fn run_steps(cuda: &Cuda, steps: &[String], held: &mut Vec<Held>, prefix: &str) 
                 let mut h = 0u64;
                 // SAFETY: valid out-pointer and property struct.
                 let rc = unsafe { (cuda.mem_create)(&mut h, bytes, &prop, 0) };
+                hold(held, rc, Held::Vmm(h), op)
+            }
+            "map" | "unmap" => {
+                let i = num(parts.next());
+                let bytes = num(parts.next()) * MIB;
+                let Some(&Held::Vmm(h)) = held.get(i) else {
+                    fail(&format!("allocation {i} is not a VMM handle"));
+                };
+                // SAFETY: plain values; the handle the driver gave us.
+                let rc = unsafe {
+                    if op == "map" {
+                        (cuda.mem_map)(vmm_address(i), bytes, 0, h, 0)
+                    } else {
+                        (cuda.mem_unmap)(vmm_address(i), bytes)
+                    }
+                };
+                format!("{op} rc={rc}")
+            }
+            "retain" => {
+                let i = num(parts.next());
+                let mut h = 0u64;
+                // SAFETY: a valid out-pointer; the address `map:I` mapped.
+                let rc = unsafe {
+                    (cuda.mem_retain)(
+                        &mut h,
+                        std::ptr::without_provenance_mut(vmm_address(i) as usize),
+                    )
+                };
                 hold(held, rc, Held::Vmm(h), op)
             }
             "array" => {

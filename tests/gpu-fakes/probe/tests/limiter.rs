@@ -313,6 +313,167 @@ fn every_allocation_path_is_counted_and_released() {
     }
 }
 
+/// A VMM allocation's memory lives while it is mapped or referenced: released while mapped it
+/// stays counted (a released-and-mapped handle would otherwise be memory nobody counts), and
+/// its count goes with the last unmap or release, whichever comes last. A retained handle is
+/// one more reference.
+#[test]
+fn a_vmm_allocation_stays_counted_while_mapped_or_retained() {
+    expect_on_every_cuda_path(
+        TWO_GIB,
+        &[
+            "init",
+            "vmm:1024",
+            "map:0:1024",
+            "free:0",
+            "driver-used",
+            "info",
+            "alloc:1536",
+            "unmap:0:1024",
+            "driver-used",
+            "info",
+            // Mapped, retained through its address, released once, unmapped: still held by
+            // the retained reference.
+            "vmm:512",
+            "map:1:512",
+            "retain:1",
+            "free:1",
+            "unmap:1:512",
+            "driver-used",
+            "info",
+            "free:2",
+            "driver-used",
+            "info",
+            // A failed release (twice) changes nothing.
+            "vmm:256",
+            "free:3",
+            "free:3",
+            "info",
+        ],
+        &[
+            "init rc=0",
+            "vmm rc=0 id=0",
+            "map rc=0",
+            "free rc=0",
+            "driver-used mib=1024",
+            "info rc=0 free_mib=1024 total_mib=2048",
+            "alloc rc=2",
+            "unmap rc=0",
+            "driver-used mib=0",
+            "info rc=0 free_mib=2048 total_mib=2048",
+            "vmm rc=0 id=1",
+            "map rc=0",
+            "retain rc=0 id=2",
+            "free rc=0",
+            "unmap rc=0",
+            "driver-used mib=512",
+            "info rc=0 free_mib=1536 total_mib=2048",
+            "free rc=0",
+            "driver-used mib=0",
+            "info rc=0 free_mib=2048 total_mib=2048",
+            "vmm rc=0 id=3",
+            "free rc=0",
+            "free rc=1",
+            "info rc=0 free_mib=2048 total_mib=2048",
+        ],
+    );
+}
+
+/// What a context owns dies with it: destroyed, its primary context reset (`cudaDeviceReset`)
+/// or released for the last time, the driver frees its allocations and the limiter gives their
+/// counts back, so the program can allocate its quota again. Only on the driver's word: a
+/// release that leaves the context active, or a failed call, keeps every count; stream-ordered
+/// and VMM allocations (no context owns them) stay counted until freed.
+#[test]
+fn what_a_context_frees_with_it_is_given_back_and_nothing_more() {
+    expect_on_every_cuda_path(
+        TWO_GIB,
+        &[
+            "init",
+            "alloc:1024",
+            "array:16384:4096", // float: 256 MiB
+            "async:256",
+            "vmm:256",
+            "ctx-destroy",
+            "driver-used",
+            "info",
+            "alloc:1536",
+            "info",
+        ],
+        &[
+            "init rc=0",
+            "alloc rc=0 id=0",
+            "array rc=0 id=1",
+            "async rc=0 id=2",
+            "vmm rc=0 id=3",
+            "ctx-destroy rc=0 new=0",
+            "driver-used mib=512",
+            "info rc=0 free_mib=1536 total_mib=2048",
+            "alloc rc=0 id=4",
+            "info rc=0 free_mib=0 total_mib=2048",
+        ],
+    );
+    // The primary context, as the CUDA runtime uses it: a reset frees what it holds.
+    expect_on_every_cuda_path(
+        TWO_GIB,
+        &[
+            "init",
+            "primary",
+            "alloc:1536",
+            "alloc:1024",
+            "primary-reset",
+            "driver-used",
+            "alloc:1536",
+            "info",
+        ],
+        &[
+            "init rc=0",
+            "primary rc=0",
+            "alloc rc=0 id=0",
+            "alloc rc=2",
+            "primary-reset rc=0",
+            "driver-used mib=0",
+            "alloc rc=0 id=1",
+            "info rc=0 free_mib=512 total_mib=2048",
+        ],
+    );
+    // Two references: the first release leaves the context (and its allocation) alive and
+    // counted; the second destroys it; one more is refused by the driver and changes nothing.
+    expect_on_every_cuda_path(
+        TWO_GIB,
+        &[
+            "init",
+            "primary",
+            "primary",
+            "alloc:1536",
+            "primary-release",
+            "alloc:1024",
+            "driver-used",
+            "primary-release",
+            "driver-used",
+            "primary-release",
+            "primary",
+            "alloc:2048",
+            "info",
+        ],
+        &[
+            "init rc=0",
+            "primary rc=0",
+            "primary rc=0",
+            "alloc rc=0 id=0",
+            "primary-release rc=0",
+            "alloc rc=2",
+            "driver-used mib=1536",
+            "primary-release rc=0",
+            "driver-used mib=0",
+            "primary-release rc=201",
+            "primary rc=0",
+            "alloc rc=0 id=1",
+            "info rc=0 free_mib=0 total_mib=2048",
+        ],
+    );
+}
+
 #[test]
 fn mipmapped_arrays_count_every_level_on_every_path() {
     expect_on_every_cuda_path(

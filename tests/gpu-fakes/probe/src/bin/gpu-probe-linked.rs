@@ -17,6 +17,11 @@ unsafe extern "C" {
     fn cuInit(flags: c_uint) -> CuResult;
     fn cuDeviceGet(dev: *mut c_int, ordinal: c_int) -> CuResult;
     fn cuCtxCreate_v2(ctx: *mut *mut c_void, flags: c_uint, dev: c_int) -> CuResult;
+    fn cuCtxDestroy_v2(ctx: *mut c_void) -> CuResult;
+    fn cuCtxSetCurrent(ctx: *mut c_void) -> CuResult;
+    fn cuDevicePrimaryCtxRetain(ctx: *mut *mut c_void, dev: c_int) -> CuResult;
+    fn cuDevicePrimaryCtxRelease_v2(dev: c_int) -> CuResult;
+    fn cuDevicePrimaryCtxReset_v2(dev: c_int) -> CuResult;
     fn cuMemAlloc_v2(dptr: *mut u64, bytes: usize) -> CuResult;
     fn cuMemAllocManaged(dptr: *mut u64, bytes: usize, flags: c_uint) -> CuResult;
     fn cuMemAllocAsync(dptr: *mut u64, bytes: usize, stream: *mut c_void) -> CuResult;
@@ -42,6 +47,9 @@ unsafe extern "C" {
         flags: u64,
     ) -> CuResult;
     fn cuMemRelease(handle: u64) -> CuResult;
+    fn cuMemMap(ptr: u64, size: usize, offset: usize, handle: u64, flags: u64) -> CuResult;
+    fn cuMemUnmap(ptr: u64, size: usize) -> CuResult;
+    fn cuMemRetainAllocationHandle(handle: *mut u64, addr: *mut c_void) -> CuResult;
     fn cuArrayCreate_v2(array: *mut u64, desc: *const ArrayDesc) -> CuResult;
     fn cuArray3DCreate_v2(array: *mut u64, desc: *const Array3dDesc) -> CuResult;
     fn cuArrayDestroy(array: u64) -> CuResult;
@@ -74,6 +82,11 @@ fn main() {
         init: cuInit,
         device_get: cuDeviceGet,
         ctx_create: cuCtxCreate_v2,
+        ctx_destroy: cuCtxDestroy_v2,
+        ctx_set_current: cuCtxSetCurrent,
+        primary_retain: cuDevicePrimaryCtxRetain,
+        primary_release: cuDevicePrimaryCtxRelease_v2,
+        primary_reset: cuDevicePrimaryCtxReset_v2,
         alloc: cuMemAlloc_v2,
         alloc_managed: cuMemAllocManaged,
         alloc_async: cuMemAllocAsync,
@@ -83,6 +96,9 @@ fn main() {
         free_async: cuMemFreeAsync,
         mem_create: cuMemCreate,
         mem_release: cuMemRelease,
+        mem_map: cuMemMap,
+        mem_unmap: cuMemUnmap,
+        mem_retain: cuMemRetainAllocationHandle,
         array_create: cuArrayCreate_v2,
         array3d_create: cuArray3DCreate_v2,
         array_destroy: cuArrayDestroy,
