@@ -12,7 +12,7 @@ use axum::Router;
 use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::any;
+use axum::routing::{MethodRouter, any};
 use tokio::net::TcpListener;
 
 use crate::metrics::{CONTENT_TYPE, Kind, PromText};
@@ -161,21 +161,23 @@ pub fn metrics(node: &Node) -> String {
 /// The TCP endpoint's routes (any method, as before axum): `/healthz`, `/metrics`; `/registry`
 /// and `/inventory` are 403 (the status socket's only); anything else is 404 `not found`.
 pub fn router(node: Arc<Node>) -> Router {
-    Router::new()
-        .route("/healthz", any(healthz))
-        .route("/registry", any(socket_only))
-        .route("/inventory", any(socket_only))
-        .route("/metrics", any(metrics_route))
-        .fallback(not_found)
-        .with_state(node)
+    routes(node, any(socket_only), any(socket_only))
 }
 
 /// The status socket's routes: the TCP endpoint's, `/registry` and `/inventory` answered.
 pub fn socket_router(node: Arc<Node>) -> Router {
+    routes(node, any(registry), any(inventory))
+}
+
+fn routes(
+    node: Arc<Node>,
+    registry: MethodRouter<Arc<Node>>,
+    inventory: MethodRouter<Arc<Node>>,
+) -> Router {
     Router::new()
         .route("/healthz", any(healthz))
-        .route("/registry", any(registry))
-        .route("/inventory", any(inventory))
+        .route("/registry", registry)
+        .route("/inventory", inventory)
         .route("/metrics", any(metrics_route))
         .fallback(not_found)
         .with_state(node)
