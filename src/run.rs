@@ -26,7 +26,7 @@ use crate::config::{GpuBackend, NodeConfig};
 use crate::gpu::{Backend, BackendError};
 use crate::registry::{ContainerRecord, ContainerState, Registry};
 use crate::throttle::cgroup::{CgroupError, CgroupFs, CgroupVersion, ContainerCgroup};
-use crate::throttle::controller::{ControllerError, start_with};
+use crate::throttle::controller::{ControllerError, GuardianLaunch, start_with};
 use crate::throttle::freezer::FreezerMode;
 use crate::throttle::source::SimSource;
 use gpushare_core::control::ComputePolicy;
@@ -528,7 +528,10 @@ fn run_prepared(
         mode,
         registry.clone(),
         backend.source,
-        guardian_exe,
+        guardian_exe.map(|exe| GuardianLaunch {
+            exe,
+            leave_cgroup: None,
+        }),
     )?;
 
     // Joined in the child between fork and exec: only async-signal-safe calls on paths

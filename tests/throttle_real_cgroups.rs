@@ -105,8 +105,8 @@ impl BusyCgroup {
 
 impl Drop for BusyCgroup {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        // Thawed first: a frozen process does not die of SIGKILL until thawed, and waiting
+        // for it would hang the test (a failed guardian check leaves it frozen).
         let freezer = Path::new(ROOT).join("freezer").join(&self.rel);
         let _ = std::fs::write(
             freezer
@@ -114,6 +114,8 @@ impl Drop for BusyCgroup {
                 .join("freezer.state"),
             "THAWED",
         );
+        let _ = self.child.kill();
+        let _ = self.child.wait();
         let _ = std::fs::remove_dir(freezer.join(controller::THROTTLED_CHILD));
         for h in ["freezer", "cpuacct", "cpuset"] {
             let dir = Path::new(ROOT).join(h).join(&self.rel);
@@ -396,5 +398,152 @@ fn real_cgroup_guardian_thaws_after_sigkill() {
         state_of().trim(),
         "THAWED",
         "thawed within 1 s of the SIGKILL"
+    );
+}
+
+/// The cgroup path of `pid` in the v1 hierarchy `controller` (from `/proc/PID/cgroup`).
+fn cgroup_of(pid: u32, controller: &str) -> Option<String> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+    text.lines().find_map(|l| {
+        let mut p = l.splitn(3, ':');
+        let (_, ctrls, path) = (p.next()?, p.next()?, p.next()?);
+        ctrls
+            .split(',')
+            .any(|c| c == controller)
+            .then(|| path.to_string())
+    })
+}
+
+/// A liveness restart's `runc kill --all` freezes the agent's container cgroup, SIGKILLs every
+/// process in it and thaws it. The guardian, started by the agent inside that cgroup, has left
+/// it for the root cgroups (`--leave-cgroup`, as the agent starts it): it survives, sees the
+/// agent gone and thaws what the agent had frozen.
+#[test]
+fn real_cgroup_guardian_survives_a_kill_of_the_agents_whole_cgroup() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !require_root() {
+        return;
+    }
+    let state = tempfile::tempdir().unwrap();
+    // What the agent froze: a busy workload's throttled child.
+    let cg = BusyCgroup::start("guard-all", 0);
+    let frozen = Path::new(ROOT)
+        .join("freezer")
+        .join(&cg.rel)
+        .join(controller::THROTTLED_CHILD);
+    std::fs::create_dir_all(&frozen).unwrap();
+    enter(&frozen, cg.child.id());
+    std::fs::write(frozen.join("freezer.state"), "FROZEN").unwrap();
+    let list = state.path().join("guardian.list");
+    std::fs::write(&list, format!("{}\n", frozen.display())).unwrap();
+    // The agent's container: a cgroup in the freezer and cpuacct hierarchies, which the
+    // "agent" (a shell) joins before it starts its pipe writer and the guardian.
+    let container = format!("{}/agent-container", cg.rel);
+    let dirs: Vec<PathBuf> = ["freezer", "cpuacct"]
+        .iter()
+        .map(|h| Path::new(ROOT).join(h).join(&container))
+        .collect();
+    for d in &dirs {
+        std::fs::create_dir_all(d).unwrap();
+    }
+    let exe = env!("CARGO_BIN_EXE_gpushare");
+    let join: String = dirs
+        .iter()
+        .map(|d| format!("echo 0 > {}/cgroup.procs; ", d.display()))
+        .collect();
+    let mut agent = Command::new("sh")
+        .args([
+            "-c",
+            &format!(
+                "{join}sleep 1000 | {exe} guardian --list {} --leave-cgroup {ROOT}",
+                list.display()
+            ),
+        ])
+        .spawn()
+        .unwrap();
+    let agent_pid = agent.id().to_string();
+    let child_named = |name: &str| {
+        let t0 = Instant::now();
+        loop {
+            let out = Command::new("pgrep")
+                .args(["-P", &agent_pid, "-x", name])
+                .output()
+                .unwrap();
+            if let Ok(pid) = String::from_utf8_lossy(&out.stdout).trim().parse::<u32>() {
+                return pid;
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(10),
+                "no {name} after 10 s"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    };
+    let guardian = child_named("gpushare");
+    ignores_termination_signals(guardian);
+    // It leaves right after: wait until the freezer hierarchy says so.
+    let t0 = Instant::now();
+    while cgroup_of(guardian, "freezer").as_deref() != Some("/")
+        && t0.elapsed() < Duration::from_secs(5)
+    {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // Checked after the clean-up below, so a failure leaves no process or cgroup behind.
+    let writer_in = cgroup_of(child_named("sleep"), "freezer");
+    let guardian_in = cgroup_of(guardian, "freezer");
+    let state_of = || std::fs::read_to_string(frozen.join("freezer.state")).unwrap();
+    let frozen_before = state_of();
+    // runc kill --all: freeze the container, SIGKILL all it holds, thaw.
+    let freezer = &dirs[0];
+    std::fs::write(freezer.join("freezer.state"), "FROZEN").unwrap();
+    let members: Vec<i32> = std::fs::read_to_string(freezer.join("cgroup.procs"))
+        .unwrap()
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect();
+    let killed_at = Instant::now();
+    for &pid in &members {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+    std::fs::write(freezer.join("freezer.state"), "THAWED").unwrap();
+    while state_of().trim() != "THAWED" && killed_at.elapsed() < Duration::from_secs(1) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let took = killed_at.elapsed();
+    let _ = agent.kill();
+    let _ = agent.wait();
+    // Nothing left in the container: remove it (the workload's cgroup goes with `cg`).
+    let t0 = Instant::now();
+    for d in &dirs {
+        while std::fs::remove_dir(d).is_err() && t0.elapsed() < Duration::from_secs(5) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    eprintln!(
+        "killed {} process(es) of the agent's container; the guardian thawed {took:?} after",
+        members.len()
+    );
+    assert_eq!(frozen_before.trim(), "FROZEN");
+    assert_eq!(
+        writer_in,
+        Some(format!("/{container}")),
+        "the agent's pipe writer stays in the agent's container"
+    );
+    assert_eq!(
+        guardian_in.as_deref(),
+        Some("/"),
+        "the guardian left the agent's container"
+    );
+    assert!(
+        !members.contains(&(guardian as i32)),
+        "the guardian was not among them"
+    );
+    assert_eq!(
+        state_of().trim(),
+        "THAWED",
+        "thawed within 1 s of the kill of the agent's whole cgroup"
     );
 }

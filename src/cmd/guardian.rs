@@ -13,6 +13,11 @@ pub struct GuardianArgs {
     /// Thaw what the list names now and exit (systemd's `ExecStopPost`, or by hand).
     #[arg(long)]
     pub now: bool,
+    /// Leave the agent's cgroups first, for the root of each hierarchy under this cgroupfs
+    /// (the agent passes its `throttle.cgroup_root`): a kill of the agent's whole container
+    /// then spares the guardian.
+    #[arg(long)]
+    pub leave_cgroup: Option<PathBuf>,
 }
 
 pub fn run(args: &GuardianArgs) -> anyhow::Result<()> {
@@ -24,5 +29,8 @@ pub fn run(args: &GuardianArgs) -> anyhow::Result<()> {
         );
         return Ok(());
     }
-    Ok(crate::throttle::guardian::run(&args.list)?)
+    Ok(crate::throttle::guardian::run(
+        &args.list,
+        args.leave_cgroup.as_deref(),
+    )?)
 }

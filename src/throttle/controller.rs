@@ -477,7 +477,7 @@ impl Controller {
             Ok(Some(status)) => tracing::error!(%status, "the guardian died; starting it again"),
             Err(e) => tracing::error!(error = %e, "cannot check the guardian; starting it again"),
         }
-        match super::guardian::spawn(exe, &g.list) {
+        match super::guardian::spawn(exe, &g.list, g.leave.as_deref()) {
             Ok(new) => {
                 *g = new;
                 self.stats.guardian_restarts.fetch_add(1, Ordering::Relaxed);
@@ -995,7 +995,7 @@ impl Running {
 }
 
 /// Starts the controller thread for `registry`: thaws whatever an earlier agent left in its
-/// guardian list, starts the guardian, then runs the loop.
+/// guardian list, starts the guardian (which leaves the agent's cgroups), then runs the loop.
 pub fn start(
     cfg: &ThrottleConfig,
     registry: Arc<Registry>,
@@ -1003,7 +1003,19 @@ pub fn start(
     guardian_exe: Option<&Path>,
 ) -> Result<Running, ControllerError> {
     let fs = CgroupFs::detect(&cfg.cgroup_root)?;
-    start_with(cfg, fs, FreezerMode::Cgroup, registry, source, guardian_exe)
+    let guardian = guardian_exe.map(|exe| GuardianLaunch {
+        exe,
+        leave_cgroup: Some(&cfg.cgroup_root),
+    });
+    start_with(cfg, fs, FreezerMode::Cgroup, registry, source, guardian)
+}
+
+/// How to start the guardian: our own binary, and the cgroup root it leaves the agent's
+/// cgroups for (None: it stays where it starts, as `gpushare run`'s does).
+#[derive(Clone, Copy)]
+pub struct GuardianLaunch<'a> {
+    pub exe: &'a Path,
+    pub leave_cgroup: Option<&'a Path>,
 }
 
 /// [`start`] on a cgroupfs the caller detected, holding containers by `mode`
@@ -1014,7 +1026,7 @@ pub fn start_with(
     mode: FreezerMode,
     registry: Arc<Registry>,
     source: Box<dyn SampleSource>,
-    guardian_exe: Option<&Path>,
+    guardian: Option<GuardianLaunch>,
 ) -> Result<Running, ControllerError> {
     std::fs::create_dir_all(&cfg.state_dir).map_err(|err| ControllerError::StateDir {
         path: cfg.state_dir.clone(),
@@ -1032,20 +1044,22 @@ pub fn start_with(
         tracing::warn!(thawed, "thawed cgroups an earlier agent left frozen");
     }
     let _ = std::fs::remove_file(&list);
-    let guardian =
-        match guardian_exe {
-            Some(exe) => Some(super::guardian::spawn(exe, &list).map_err(|err| {
+    let started = match guardian {
+        Some(g) => Some((
+            g.exe,
+            super::guardian::spawn(g.exe, &list, g.leave_cgroup).map_err(|err| {
                 ControllerError::Guardian {
-                    exe: exe.to_path_buf(),
+                    exe: g.exe.to_path_buf(),
                     err,
                 }
-            })?),
-            None => None,
-        };
+            })?,
+        )),
+        None => None,
+    };
     let mut controller = Controller::new(cfg.clone(), fs, registry, source)
         .with_guardian_list(list)
         .with_freezer_mode(mode);
-    if let (Some(exe), Some(g)) = (guardian_exe, guardian) {
+    if let Some((exe, g)) = started {
         controller = controller.with_guardian(exe.to_path_buf(), g);
     }
     let stats = controller.stats.clone();
@@ -1558,12 +1572,12 @@ mod tests {
         let h = Harness::new(CgroupVersion::V1, &[A]);
         let list = h.tmp.path().join("guardian.list");
         // `true guardian --list …` exits at once: it is started again every check.
-        let g = super::super::guardian::spawn(Path::new("/bin/true"), &list).unwrap();
+        let g = super::super::guardian::spawn(Path::new("/bin/true"), &list, None).unwrap();
         wait_exited(g.child.id());
         let mut ctl = h.ctl.with_guardian(PathBuf::from("/bin/true"), g);
         assert!(ctl.guardian_alive());
         assert_eq!(ctl.stats.guardian_restarts.load(Ordering::Relaxed), 1);
-        let g = super::super::guardian::spawn(Path::new("/bin/true"), &list).unwrap();
+        let g = super::super::guardian::spawn(Path::new("/bin/true"), &list, None).unwrap();
         wait_exited(g.child.id());
         let mut ctl = ctl.with_guardian(PathBuf::from("/nonexistent/gpushare"), g);
         assert!(!ctl.guardian_alive(), "a guardian that cannot start");

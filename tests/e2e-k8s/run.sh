@@ -116,7 +116,7 @@ no_overcommit() {
 
 start_agent() {
     "$BIN" node --nri-socket "$K8S_NRI_SOCK" --gpu-backend sim --dev-root "$ROOT/simdev" \
-        --node-name "$K8S_NODE" --status-listen "127.0.0.1:$STATUS_PORT" --status-socket "$ROOT/status.sock" \
+        --node-name "$K8S_NODE" --status-listen "127.0.0.1:$STATUS_PORT" --status-socket "$E2E_STATUS_SOCKET" \
         --log-file "$ROOT/agent.log" --state-dir "$ROOT/agent-state" \
         --limiter-library "$(dirname "$BIN")/libgpushare_limiter.so" \
         --device-plugin --device-plugin-dir "$K8S_DEVICE_PLUGIN_DIR" \
@@ -140,6 +140,8 @@ alloc_is() { [[ $(allocatable "$1") == "$2" ]]; } # RESOURCE VALUE
 k8s_build_peers
 e2e_build_images
 ROOT=$(mktemp -d /tmp/gpushare-k8s.XXXXXX)
+# Where the agent's status socket is (start_agent), for e2e_agent_status's registry reads.
+export E2E_STATUS_SOCKET=$ROOT/status.sock
 k8s_up "$ROOT"
 
 # The extender's identity (CN=gpushare-scheduler), its RBAC and the admission policy.
@@ -373,7 +375,7 @@ echo "grants (mem/core): prep $prep_grant, main $main_grant"
 e2e_check "kubelet granted the init container 10/20 and the app container 8/10" \
     test "$prep_grant $main_grant" = "10/20 8/10"
 e2e_check "the agent holds the exited init container as stopped (its share free again)" bash -c \
-    "curl -fsS --unix-socket '$ROOT/status.sock' http://status/registry | jq -e '[.. | objects | select(.pod_name? == \"staged\" and .container_name? == \"prep\")] | length == 1 and all(.state == \"stopped\")'"
+    "curl -fsS --unix-socket '$E2E_STATUS_SOCKET' http://status/registry | jq -e '[.. | objects | select(.pod_name? == \"staged\" and .container_name? == \"prep\")] | length == 1 and all(.state == \"stopped\")'"
 e2e_check "… and refused no container of the pod (the app container was admitted at once)" bash -c \
     "! grep 'GPU container refused' '$ROOT/agent.log' | grep -q staged"
 inspect_json=$("$BIN" inspect --kubeconfig "$KUBECONFIG" --json 2>&1) || true
