@@ -330,14 +330,11 @@ fn real_cgroup_memory_over_quota_is_killed() {
     assert!(actions >= 1, "the action is counted");
 }
 
-#[test]
-fn real_cgroup_guardian_thaws_after_sigkill() {
-    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    if !require_root() {
-        return;
-    }
+/// What the agent froze: a busy workload `name` whose throttled child is FROZEN, listed in
+/// `guardian.list` of the returned state directory.
+fn frozen_by_the_agent(name: &str) -> (tempfile::TempDir, BusyCgroup, PathBuf) {
     let state = tempfile::tempdir().unwrap();
-    let cg = BusyCgroup::start("guard", 0);
+    let cg = BusyCgroup::start(name, 0);
     let child = Path::new(ROOT)
         .join("freezer")
         .join(&cg.rel)
@@ -347,6 +344,17 @@ fn real_cgroup_guardian_thaws_after_sigkill() {
     std::fs::write(child.join("freezer.state"), "FROZEN").unwrap();
     let list = state.path().join("guardian.list");
     std::fs::write(&list, format!("{}\n", child.display())).unwrap();
+    (state, cg, child)
+}
+
+#[test]
+fn real_cgroup_guardian_thaws_after_sigkill() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !require_root() {
+        return;
+    }
+    let (state, _workload, child) = frozen_by_the_agent("guard");
+    let list = state.path().join("guardian.list");
     // The "agent": a process holding the write end of the guardian's stdin.
     let exe = env!("CARGO_BIN_EXE_gpushare");
     let mut agent = Command::new("sh")
@@ -356,25 +364,7 @@ fn real_cgroup_guardian_thaws_after_sigkill() {
         ])
         .spawn()
         .unwrap();
-    // The agent's child named `name` (its `sleep` or the guardian), once it has exec'd.
-    let agent_pid = agent.id().to_string();
-    let child_named = |name: &str| {
-        let t0 = Instant::now();
-        loop {
-            let out = Command::new("pgrep")
-                .args(["-P", &agent_pid, "-x", name])
-                .output()
-                .unwrap();
-            if let Ok(pid) = String::from_utf8_lossy(&out.stdout).trim().parse::<u32>() {
-                return pid;
-            }
-            assert!(
-                t0.elapsed() < Duration::from_secs(10),
-                "no {name} after 10 s"
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    };
+    let child_named = |name: &str| child_named(agent.id(), name);
     // The guardian has started when it ignores the termination signals (its first step):
     // the 1 s below then measures its reaction alone, not its start on a loaded host.
     ignores_termination_signals(child_named("gpushare"));
@@ -401,6 +391,26 @@ fn real_cgroup_guardian_thaws_after_sigkill() {
     );
 }
 
+/// The child of `parent` named `name` (the agent's `sleep` or the guardian), once it has
+/// exec'd; fails after 10 s.
+fn child_named(parent: u32, name: &str) -> u32 {
+    let t0 = Instant::now();
+    loop {
+        let out = Command::new("pgrep")
+            .args(["-P", &parent.to_string(), "-x", name])
+            .output()
+            .unwrap();
+        if let Ok(pid) = String::from_utf8_lossy(&out.stdout).trim().parse::<u32>() {
+            return pid;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "no {name} after 10 s"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 /// The cgroup path of `pid` in the v1 hierarchy `controller` (from `/proc/PID/cgroup`).
 fn cgroup_of(pid: u32, controller: &str) -> Option<String> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
@@ -424,18 +434,8 @@ fn real_cgroup_guardian_survives_a_kill_of_the_agents_whole_cgroup() {
     if !require_root() {
         return;
     }
-    let state = tempfile::tempdir().unwrap();
-    // What the agent froze: a busy workload's throttled child.
-    let cg = BusyCgroup::start("guard-all", 0);
-    let frozen = Path::new(ROOT)
-        .join("freezer")
-        .join(&cg.rel)
-        .join(controller::THROTTLED_CHILD);
-    std::fs::create_dir_all(&frozen).unwrap();
-    enter(&frozen, cg.child.id());
-    std::fs::write(frozen.join("freezer.state"), "FROZEN").unwrap();
+    let (state, cg, frozen) = frozen_by_the_agent("guard-all");
     let list = state.path().join("guardian.list");
-    std::fs::write(&list, format!("{}\n", frozen.display())).unwrap();
     // The agent's container: a cgroup in the freezer and cpuacct hierarchies, which the
     // "agent" (a shell) joins before it starts its pipe writer and the guardian.
     let container = format!("{}/agent-container", cg.rel);
@@ -461,24 +461,7 @@ fn real_cgroup_guardian_survives_a_kill_of_the_agents_whole_cgroup() {
         ])
         .spawn()
         .unwrap();
-    let agent_pid = agent.id().to_string();
-    let child_named = |name: &str| {
-        let t0 = Instant::now();
-        loop {
-            let out = Command::new("pgrep")
-                .args(["-P", &agent_pid, "-x", name])
-                .output()
-                .unwrap();
-            if let Ok(pid) = String::from_utf8_lossy(&out.stdout).trim().parse::<u32>() {
-                return pid;
-            }
-            assert!(
-                t0.elapsed() < Duration::from_secs(10),
-                "no {name} after 10 s"
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    };
+    let child_named = |name: &str| child_named(agent.id(), name);
     let guardian = child_named("gpushare");
     ignores_termination_signals(guardian);
     // It leaves right after: wait until the freezer hierarchy says so.
