@@ -39,6 +39,9 @@ pub const CUDA_ERROR_NOT_FOUND: CuResult = 500;
 /// What every counted call returns when the limiter has no usable limits or region.
 pub const CUDA_ERROR_NOT_PERMITTED: CuResult = 800;
 
+/// `CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT`: the memory a pool holds from the device.
+const POOL_ATTR_RESERVED_MEM_CURRENT: c_int = 5;
+
 /// `CU_MEM_LOCATION_TYPE_DEVICE`.
 const LOCATION_DEVICE: c_uint = 1;
 
@@ -70,6 +73,11 @@ real!(
     c"cuMemAllocFromPoolAsync_ptsz"
 );
 real!(R_MEM_FREE, c"cuMemFree_v2");
+real!(R_MEM_POOL_GET_ATTRIBUTE, c"cuMemPoolGetAttribute");
+real!(R_MEM_POOL_TRIM_TO, c"cuMemPoolTrimTo");
+real!(R_MEM_POOL_DESTROY, c"cuMemPoolDestroy");
+real!(R_DEVICE_GET_MEM_POOL, c"cuDeviceGetMemPool");
+real!(R_STREAM_IS_CAPTURING, c"cuStreamIsCapturing");
 real!(R_MEM_FREE_ASYNC, c"cuMemFreeAsync");
 real!(R_MEM_FREE_ASYNC_PTSZ, c"cuMemFreeAsync_ptsz");
 real!(R_MEM_CREATE, c"cuMemCreate");
@@ -200,6 +208,43 @@ fn owner_ctx(owner: Owner) -> u64 {
     }
 }
 
+/// Counts `bytes` on GPU `pos` if the quota has room, after reading again what the pools keep
+/// when it has not (a synchronization may have let the driver release it).
+fn reserve(lim: &Limiter, pos: usize, bytes: u64) -> bool {
+    lim.reserve(pos, bytes) || (read_pools(lim) > 0 && lim.reserve(pos, bytes))
+}
+
+/// Reads what the driver holds in each booked pool and counts that; the bytes given back.
+fn read_pools(lim: &Limiter) -> u64 {
+    state::pools()
+        .into_iter()
+        .map(|(pool, generation)| read_pool(lim, pool, generation))
+        .sum()
+}
+
+/// Reads what the driver holds in `pool` (as of `generation`) and counts that.
+fn read_pool(lim: &Limiter, pool: u64, generation: u64) -> u64 {
+    let mut reserved = 0u64;
+    let rc = call_real!(
+        R_MEM_POOL_GET_ATTRIBUTE,
+        fn(CuMemPool, c_int, *mut u64),
+        pool as CuMemPool,
+        POOL_ATTR_RESERVED_MEM_CURRENT,
+        &mut reserved
+    );
+    if rc != CUDA_SUCCESS {
+        return 0;
+    }
+    state::pool_reserved(lim, pool, generation, reserved)
+}
+
+/// [`read_pool`] at the pool's current generation, if it is booked.
+fn read_pool_now(lim: &Limiter, pool: u64) {
+    if let Some(generation) = state::pool_generation(pool) {
+        read_pool(lim, pool, generation);
+    }
+}
+
 /// Counts `bytes` on a GPU, runs the real allocation, records the handle it produced (and the
 /// context that owns it, per `owner`).
 fn counted_alloc(
@@ -217,7 +262,7 @@ fn counted_alloc(
         Ok(p) => p,
         Err(rc) => return rc,
     };
-    if !lim.reserve(pos, bytes) {
+    if !reserve(lim, pos, bytes) {
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     let rc = alloc();
@@ -236,7 +281,10 @@ fn counted_free(kind: Kind, key: u64, free: impl FnOnce() -> CuResult) -> CuResu
     let taken = state::forget(kind, key);
     let rc = free();
     if let (Some(c), Some(lim)) = (taken, state::loaded_limiter()) {
-        if rc == CUDA_SUCCESS {
+        if rc == CUDA_SUCCESS && c.pool != 0 {
+            state::pool_freed(lim, c);
+            read_pool_now(lim, c.pool);
+        } else if rc == CUDA_SUCCESS {
             lim.release(c.pos, c.bytes);
         } else {
             state::record(lim, kind, key, c);
@@ -292,13 +340,94 @@ pub unsafe extern "C" fn cuMemAllocManaged(
     })
 }
 
+/// `CU_STREAM_CAPTURE_STATUS_NONE`.
+const CAPTURE_STATUS_NONE: c_int = 0;
+
+/// Whether `stream` is being captured into a graph (its stream-ordered allocations then become
+/// graph nodes, not allocations from a pool). Not capturing if the driver cannot say.
+fn capturing(stream: CuStream) -> bool {
+    let mut status = CAPTURE_STATUS_NONE;
+    let rc = call_real!(
+        R_STREAM_IS_CAPTURING,
+        fn(CuStream, *mut c_int),
+        stream,
+        &mut status
+    );
+    rc == CUDA_SUCCESS && status != CAPTURE_STATUS_NONE
+}
+
+/// The pool `cuMemAllocAsync` takes from: the current context's device's current pool (0 if
+/// the driver cannot say).
+fn current_pool() -> u64 {
+    let mut dev: CuDevice = 0;
+    if call_real!(R_CTX_GET_DEVICE, fn(*mut CuDevice), &mut dev) != CUDA_SUCCESS {
+        return 0;
+    }
+    let mut pool: CuMemPool = std::ptr::null_mut();
+    let rc = call_real!(
+        R_DEVICE_GET_MEM_POOL,
+        fn(*mut CuMemPool, CuDevice),
+        &mut pool,
+        dev
+    );
+    if rc == CUDA_SUCCESS { pool as u64 } else { 0 }
+}
+
+/// A stream-ordered allocation from `pool` (0: unknown) by `forward`. What the pool keeps of
+/// earlier frees may serve it: that much is counted already and not reserved again. After the
+/// call, the pool is counted at what the driver says it holds (more, if it grew by more than
+/// the allocation).
+fn alloc_pooled(
+    dptr: *mut CuDevicePtr,
+    bytesize: usize,
+    stream: CuStream,
+    pool: impl FnOnce() -> u64,
+    forward: impl FnOnce() -> CuResult,
+) -> CuResult {
+    if dptr.is_null() || bytesize == 0 {
+        return forward();
+    }
+    if capturing(stream) {
+        // A graph node: counted as a plain allocation until freed.
+        return alloc_device_ptr(dptr, bytesize, Owner::Own, forward);
+    }
+    let Some(lim) = limiter() else {
+        return CUDA_ERROR_NOT_PERMITTED;
+    };
+    let pos = match current_pos(lim) {
+        Ok(p) => p,
+        Err(rc) => return rc,
+    };
+    let pool = pool();
+    let bytes = bytesize as u64;
+    let took = state::pool_take_kept(pool, pos, bytes);
+    if !reserve(lim, pos, bytes - took) {
+        state::pool_untake_kept(pool, took);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    let rc = forward();
+    if rc != CUDA_SUCCESS {
+        lim.release(pos, bytes - took);
+        state::pool_untake_kept(pool, took);
+        return rc;
+    }
+    let counted = state::Counted {
+        pool,
+        ..Counted::new(pos, bytes, 0)
+    };
+    // SAFETY: dptr is non-null and the driver wrote it on success.
+    state::record_pooled(lim, unsafe { *dptr }, counted);
+    read_pool_now(lim, pool);
+    CUDA_SUCCESS
+}
+
 fn alloc_async(
     sym: &RealSym,
     dptr: *mut CuDevicePtr,
     bytesize: usize,
     stream: CuStream,
 ) -> CuResult {
-    alloc_device_ptr(dptr, bytesize, Owner::Own, || {
+    alloc_pooled(dptr, bytesize, stream, current_pool, || {
         call_real!(
             sym,
             fn(*mut CuDevicePtr, usize, CuStream),
@@ -334,16 +463,22 @@ fn alloc_from_pool(
     pool: CuMemPool,
     stream: CuStream,
 ) -> CuResult {
-    alloc_device_ptr(dptr, bytesize, Owner::Own, || {
-        call_real!(
-            sym,
-            fn(*mut CuDevicePtr, usize, CuMemPool, CuStream),
-            dptr,
-            bytesize,
-            pool,
-            stream
-        )
-    })
+    alloc_pooled(
+        dptr,
+        bytesize,
+        stream,
+        || pool as u64,
+        || {
+            call_real!(
+                sym,
+                fn(*mut CuDevicePtr, usize, CuMemPool, CuStream),
+                dptr,
+                bytesize,
+                pool,
+                stream
+            )
+        },
+    )
 }
 
 #[unsafe(no_mangle)]
@@ -372,6 +507,35 @@ pub unsafe extern "C" fn cuMemAllocFromPoolAsync_ptsz(
     )
 }
 
+/// A trim lets the driver release what the pool keeps: counted at what it holds after.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemPoolTrimTo(pool: CuMemPool, min_bytes_to_keep: usize) -> CuResult {
+    let rc = call_real!(
+        R_MEM_POOL_TRIM_TO,
+        fn(CuMemPool, usize),
+        pool,
+        min_bytes_to_keep
+    );
+    if rc == CUDA_SUCCESS
+        && let Some(lim) = state::loaded_limiter()
+    {
+        read_pool_now(lim, pool as u64);
+    }
+    rc
+}
+
+/// A destroyed pool's kept memory is released; its live allocations stay counted until freed.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemPoolDestroy(pool: CuMemPool) -> CuResult {
+    let rc = call_real!(R_MEM_POOL_DESTROY, fn(CuMemPool), pool);
+    if rc == CUDA_SUCCESS
+        && let Some(lim) = state::loaded_limiter()
+    {
+        state::pool_destroyed(lim, pool as u64);
+    }
+    rc
+}
+
 /// Pitched allocation: the driver picks the pitch, so the estimate (width × height) is counted
 /// first and corrected to pitch × height after the call. `written` reads the pointer and pitch
 /// the driver wrote; `undo` frees the allocation when the correction does not fit the quota.
@@ -389,7 +553,7 @@ fn alloc_pitched(
         Ok(p) => p,
         Err(rc) => return rc,
     };
-    if !lim.reserve(pos, estimate) {
+    if !reserve(lim, pos, estimate) {
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     let rc = forward();
@@ -399,7 +563,7 @@ fn alloc_pitched(
     }
     let (ptr, pitch) = written();
     let actual = pitch.saturating_mul(height);
-    if actual > estimate && !lim.reserve(pos, actual - estimate) {
+    if actual > estimate && !reserve(lim, pos, actual - estimate) {
         lim.release(pos, estimate);
         undo(ptr);
         return CUDA_ERROR_OUT_OF_MEMORY;
@@ -1018,6 +1182,7 @@ pub unsafe extern "C" fn cuMipmappedArrayDestroy(handle: CuMipmappedArray) -> Cu
 fn view_info() -> Result<(u64, u64), CuResult> {
     let lim = limiter().ok_or(CUDA_ERROR_NOT_PERMITTED)?;
     let pos = current_pos(lim)?;
+    read_pools(lim);
     let (mut real_free, mut real_total) = (0usize, 0usize);
     let rc = call_real!(
         R_MEM_GET_INFO,

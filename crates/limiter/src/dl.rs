@@ -31,7 +31,7 @@ macro_rules! hooks {
     };
 }
 
-static CUDA_HOOKS: [Hook; 37] = hooks![
+static CUDA_HOOKS: [Hook; 39] = hooks![
     R_MEM_ALLOC => cuMemAlloc_v2,
     R_MEM_ALLOC_PITCH => cuMemAllocPitch_v2,
     R_MEM_ALLOC_MANAGED => cuMemAllocManaged,
@@ -42,6 +42,8 @@ static CUDA_HOOKS: [Hook; 37] = hooks![
     R_MEM_FREE => cuMemFree_v2,
     R_MEM_FREE_ASYNC => cuMemFreeAsync,
     R_MEM_FREE_ASYNC_PTSZ => cuMemFreeAsync_ptsz,
+    R_MEM_POOL_TRIM_TO => cuMemPoolTrimTo,
+    R_MEM_POOL_DESTROY => cuMemPoolDestroy,
     R_MEM_CREATE => cuMemCreate,
     R_MEM_RELEASE => cuMemRelease,
     R_MEM_MAP => cuMemMap,

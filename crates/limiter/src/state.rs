@@ -259,6 +259,14 @@ impl Limiter {
         false
     }
 
+    /// Counts `bytes` on GPU `pos` for this process whatever the quota (memory the driver
+    /// already holds for it).
+    pub(crate) fn charge(&self, pos: usize, bytes: u64) {
+        if let Some(slot) = self.my_slot() {
+            slot.used[pos].fetch_add(bytes, SeqCst);
+        }
+    }
+
     /// Gives back `bytes` this process counted on GPU `pos`.
     pub(crate) fn release(&self, pos: usize, bytes: u64) {
         let idx = MY_SLOT.load(Acquire);
@@ -424,6 +432,8 @@ pub(crate) struct Counted {
     /// `cuMemRetainAllocationHandle`) and its mappings (`cuMemMap`). The driver frees its
     /// memory when the last goes, not at a `cuMemRelease` while it is mapped. 1 for the others.
     pub(crate) holders: u32,
+    /// The stream-ordered pool it came from (0: none, or not booked).
+    pub(crate) pool: u64,
 }
 
 impl Counted {
@@ -433,8 +443,24 @@ impl Counted {
             bytes,
             ctx,
             holders: 1,
+            pool: 0,
         }
     }
+}
+
+/// A stream-ordered memory pool the process allocated from. The driver keeps the memory its
+/// allocations give back (up to the pool's release threshold, until a synchronization or a
+/// trim), so the pool is counted at what it holds: its live allocations (`live`, each also in
+/// `counted`) and what it keeps beyond them (`kept`), as last seen through the driver's
+/// `CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT` and raised by each free in between.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct PoolBook {
+    pub(crate) pos: usize,
+    pub(crate) live: u64,
+    pub(crate) kept: u64,
+    /// Bumped at each allocation and free from the pool: a reading of the driver's reserve
+    /// taken before one of them is not applied (it may miss what that changed).
+    pub(crate) generation: u64,
 }
 
 /// What the process holds: its allocations by kind and driver handle, and its VMM mappings by
@@ -442,6 +468,7 @@ impl Counted {
 pub(crate) struct Books {
     pub(crate) counted: BTreeMap<(Kind, u64), Counted>,
     pub(crate) mappings: BTreeMap<u64, (u64, u64)>,
+    pub(crate) pools: BTreeMap<u64, PoolBook>,
 }
 
 /// The process's books behind a spin lock that `fork` handlers hold across fork.
@@ -450,6 +477,7 @@ pub(crate) struct Table(SpinLock<Books>);
 pub(crate) static TABLE: Table = Table(SpinLock::new(Books {
     counted: BTreeMap::new(),
     mappings: BTreeMap::new(),
+    pools: BTreeMap::new(),
 }));
 
 impl Table {
@@ -608,6 +636,114 @@ pub(crate) fn vmm_unmapped(lim: &Limiter, taken: Vec<(u64, u64, u64)>, ok: bool)
     }
 }
 
+/// Up to `bytes` of what `pool` keeps on GPU `pos`, taken for an allocation from it (already
+/// counted, so not reserved again): how much.
+pub(crate) fn pool_take_kept(pool: u64, pos: usize, bytes: u64) -> u64 {
+    if pool == 0 {
+        return 0;
+    }
+    TABLE.with(|b| {
+        let Some(p) = b.pools.get_mut(&pool).filter(|p| p.pos == pos) else {
+            return 0;
+        };
+        let took = p.kept.min(bytes);
+        p.kept -= took;
+        p.generation += 1;
+        took
+    })
+}
+
+/// The allocation [`pool_take_kept`] took for failed: what it took is kept again.
+pub(crate) fn pool_untake_kept(pool: u64, took: u64) {
+    if took > 0 {
+        TABLE.with(|b| {
+            if let Some(p) = b.pools.get_mut(&pool) {
+                p.kept += took;
+                p.generation += 1;
+            }
+        });
+    }
+}
+
+/// Records a stream-ordered allocation from `pool` (0: not booked by pool).
+pub(crate) fn record_pooled(lim: &Limiter, key: u64, counted: Counted) {
+    if counted.pool != 0 {
+        TABLE.with(|b| {
+            let p = b.pools.entry(counted.pool).or_insert(PoolBook {
+                pos: counted.pos,
+                ..PoolBook::default()
+            });
+            if p.pos == counted.pos {
+                p.live += counted.bytes;
+                p.generation += 1;
+            }
+        });
+    }
+    record(lim, Kind::DevicePtr, key, counted);
+}
+
+/// A pool allocation was freed: its memory goes back to its pool, which keeps it (still
+/// counted) until the driver says it let it go. Given back at once if the pool is not booked.
+pub(crate) fn pool_freed(lim: &Limiter, c: Counted) {
+    let booked = TABLE.with(|b| {
+        let Some(p) = b.pools.get_mut(&c.pool).filter(|p| p.pos == c.pos) else {
+            return false;
+        };
+        p.live = p.live.saturating_sub(c.bytes);
+        p.kept += c.bytes;
+        p.generation += 1;
+        true
+    });
+    if !booked {
+        lim.release(c.pos, c.bytes);
+    }
+}
+
+/// The pools in the books with their generations, to read the driver's reserve of each.
+pub(crate) fn pools() -> Vec<(u64, u64)> {
+    TABLE.with(|b| b.pools.iter().map(|(&h, p)| (h, p.generation)).collect())
+}
+
+/// `pool`'s generation, if it is booked.
+pub(crate) fn pool_generation(pool: u64) -> Option<u64> {
+    TABLE.with(|b| b.pools.get(&pool).map(|p| p.generation))
+}
+
+/// The driver holds `reserved` bytes in `pool` (read at `generation`): what it keeps beyond
+/// its live allocations is counted at that. Returns the bytes given back.
+pub(crate) fn pool_reserved(lim: &Limiter, pool: u64, generation: u64, reserved: u64) -> u64 {
+    let change = TABLE.with(|b| {
+        let p = b
+            .pools
+            .get_mut(&pool)
+            .filter(|p| p.generation == generation)?;
+        let kept = reserved.saturating_sub(p.live);
+        let old = std::mem::replace(&mut p.kept, kept);
+        Some((p.pos, old, kept))
+    });
+    match change {
+        Some((pos, old, kept)) if old > kept => {
+            lim.release(pos, old - kept);
+            old - kept
+        }
+        Some((pos, old, kept)) if kept > old => {
+            // Memory the driver already holds: counted even past the quota, so that further
+            // allocations are refused.
+            lim.charge(pos, kept - old);
+            0
+        }
+        _ => 0,
+    }
+}
+
+/// `pool` was destroyed: what it kept is given back; its live allocations stay counted until
+/// freed (the driver releases the pool when the last is).
+pub(crate) fn pool_destroyed(lim: &Limiter, pool: u64) {
+    if let Some(p) = TABLE.with(|b| b.pools.remove(&pool)) {
+        lim.release(p.pos, p.kept);
+    }
+}
+
 /// Gives back every allocation context `ctx` owned (the driver freed them with it).
 pub(crate) fn forget_context(lim: &Limiter, ctx: u64) {
     if ctx == 0 {
@@ -645,6 +781,7 @@ fn register_fork_handlers() {
         let books = unsafe { TABLE.0.locked_value() };
         books.counted.clear();
         books.mappings.clear();
+        books.pools.clear();
         MY_SLOT.store(NO_SLOT, Release);
         MY_OWNER.store(OwnerWord::FREE, Release);
         TABLE.0.unlock();

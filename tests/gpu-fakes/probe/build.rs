@@ -41,6 +41,12 @@ const SYMBOLS: &[&str] = &[
     "cuArray3DCreate",
     "cuMemGetInfo",
     "cuDeviceTotalMem",
+    "cuMemPoolCreate",
+    "cuMemPoolDestroy",
+    "cuMemPoolSetAttribute",
+    "cuMemPoolTrimTo",
+    "cuDeviceGetDefaultMemPool",
+    "cuCtxSynchronize",
 ];
 
 fn main() {

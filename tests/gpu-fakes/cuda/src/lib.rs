@@ -9,7 +9,11 @@
 //! the legacy 32-bit entry point below, `cuCtxDestroy_v2` from 4000, the primary context's
 //! release and reset `_v2` from 11000, `_ptsz` with the per-thread flag, `cuGetProcAddress_v2`
 //! from 12000). Legacy allocations get addresses below 4 GiB (a
-//! `CUdeviceptr_v1` is 32 bits); the legacy views saturate at 4 GiB − 1.
+//! `CUdeviceptr_v1` is 32 bits); the legacy views saturate at 4 GiB − 1. Stream-ordered
+//! allocations come from pools (device 0's default pool, `cuDeviceSetMemPool`,
+//! `cuMemPoolCreate`) that keep what is freed back to them until a synchronization
+//! (`cuCtxSynchronize`, `cuStreamSynchronize`) trims them to their release threshold, a
+//! `cuMemPoolTrimTo`, or their destruction.
 //! `gpushareFakeCudaUsedBytes` tells a test what the "driver" holds;
 //! `gpushareFakeCudaSetAllocDelayUs` keeps every allocation inside the driver for a while and
 //! `gpushareFakeCudaAllocsInFlight` says how many are (for forking mid-allocation). Its own
@@ -57,6 +61,31 @@ static NEXT_V1: AtomicU64 = AtomicU64::new(0x1000_0000);
 /// Handle → (size, owning context or 0: the stream-ordered and VMM allocations, freed only by
 /// their own free).
 static ALLOCS: SpinLock<BTreeMap<u64, (u64, u64)>> = SpinLock::new(BTreeMap::new());
+/// Stream-ordered memory pools by handle. A pool keeps the memory its allocations gave back
+/// (`reserved` − `used`) until a synchronization trims it to its release threshold, a
+/// `cuMemPoolTrimTo`, or its destruction, as the real driver does.
+static POOLS: SpinLock<BTreeMap<u64, Pool>> = SpinLock::new(BTreeMap::new());
+/// Stream-ordered allocations: address → (size, pool).
+static POOL_ALLOCS: SpinLock<BTreeMap<u64, (u64, u64)>> = SpinLock::new(BTreeMap::new());
+/// Device 0's default pool, and the pool `cuMemAllocAsync` takes from (`cuDeviceSetMemPool`).
+const DEFAULT_POOL: u64 = 0xd0;
+static CURRENT_POOL: AtomicU64 = AtomicU64::new(DEFAULT_POOL);
+static NEXT_POOL: AtomicU64 = AtomicU64::new(0xd1);
+
+#[derive(Default)]
+struct Pool {
+    reserved: u64,
+    used: u64,
+    threshold: u64,
+    /// Destroyed with allocations outstanding: it goes when the last is freed.
+    destroyed: bool,
+}
+
+/// `CUmemPool_attribute` values this fake knows.
+const POOL_ATTR_RELEASE_THRESHOLD: c_int = 4;
+const POOL_ATTR_RESERVED_MEM_CURRENT: c_int = 5;
+const POOL_ATTR_USED_MEM_CURRENT: c_int = 7;
+
 /// Test knob: how long each allocation stays inside the driver (µs), and how many are there.
 static ALLOC_DELAY_US: AtomicU64 = AtomicU64::new(0);
 static IN_FLIGHT: AtomicU64 = AtomicU64::new(0);
@@ -77,8 +106,10 @@ fn register_fork_handlers() {
     }
     extern "C" fn prepare() {
         ALLOCS.lock();
+        POOLS.lock();
     }
     extern "C" fn after() {
+        POOLS.unlock();
         ALLOCS.unlock();
     }
     // SAFETY: registers functions that live as long as the process.
@@ -387,10 +418,235 @@ macro_rules! device_ptr_allocs {
 device_ptr_allocs! {
     cuMemAlloc_v2() by alloc;
     cuMemAllocManaged(_flags: c_uint) by alloc;
-    cuMemAllocAsync(_stream: *mut c_void) by alloc_unowned;
-    cuMemAllocAsync_ptsz(_stream: *mut c_void) by alloc_unowned;
-    cuMemAllocFromPoolAsync(_pool: *mut c_void, _stream: *mut c_void) by alloc_unowned;
-    cuMemAllocFromPoolAsync_ptsz(_pool: *mut c_void, _stream: *mut c_void) by alloc_unowned;
+    cuMemAllocAsync(_stream: *mut c_void) by alloc_current_pool;
+    cuMemAllocAsync_ptsz(_stream: *mut c_void) by alloc_current_pool;
+}
+
+fn alloc_current_pool(size: u64) -> Result<u64, CuResult> {
+    alloc_from_pool(CURRENT_POOL.load(SeqCst), size)
+}
+
+/// A stream-ordered allocation from `pool`: taken from what the pool keeps, the pool growing by
+/// what that lacks.
+fn alloc_from_pool(pool: u64, size: u64) -> Result<u64, CuResult> {
+    ready()?;
+    if size == 0 || pool == 0 {
+        return Err(INVALID_VALUE);
+    }
+    POOLS.with(|m| {
+        if pool == DEFAULT_POOL {
+            m.entry(pool).or_default();
+        }
+        let p = m
+            .get_mut(&pool)
+            .filter(|p| !p.destroyed)
+            .ok_or(INVALID_VALUE)?;
+        let grow = size.saturating_sub(p.reserved - p.used);
+        if USED
+            .fetch_update(SeqCst, SeqCst, |u| {
+                u.checked_add(grow).filter(|&n| n <= TOTAL)
+            })
+            .is_err()
+        {
+            return Err(OUT_OF_MEMORY);
+        }
+        p.reserved += grow;
+        p.used += size;
+        Ok(())
+    })?;
+    let handle = NEXT.fetch_add(size.div_ceil(1 << 21) << 21, SeqCst);
+    POOL_ALLOCS.with(|m| m.insert(handle, (size, pool)));
+    Ok(handle)
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAllocFromPoolAsync(
+    dptr: *mut u64,
+    size: usize,
+    pool: *mut c_void,
+    _stream: *mut c_void,
+) -> CuResult {
+    out(dptr, alloc_from_pool(pool as u64, size as u64))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAllocFromPoolAsync_ptsz(
+    dptr: *mut u64,
+    size: usize,
+    pool: *mut c_void,
+    _stream: *mut c_void,
+) -> CuResult {
+    out(dptr, alloc_from_pool(pool as u64, size as u64))
+}
+
+/// A stream-ordered allocation's free: its memory goes back to its pool, which keeps it (a
+/// destroyed pool lets it go).
+fn pool_free(handle: u64) -> Option<CuResult> {
+    let (size, pool) = POOL_ALLOCS.with(|m| m.remove(&handle))?;
+    POOLS.with(|m| {
+        let Some(p) = m.get_mut(&pool) else {
+            return;
+        };
+        p.used -= size;
+        if p.destroyed {
+            USED.fetch_sub(p.reserved - p.used, SeqCst);
+            p.reserved = p.used;
+            if p.used == 0 {
+                m.remove(&pool);
+            }
+        }
+    });
+    Some(SUCCESS)
+}
+
+/// Each pool keeps at most what is in use or `keep(pool)`, whichever is more.
+fn trim_pools(only: Option<u64>, keep: impl Fn(&Pool) -> u64) {
+    POOLS.with(|m| {
+        for (&h, p) in m.iter_mut() {
+            if only.is_some_and(|o| o != h) {
+                continue;
+            }
+            let target = p.used.max(keep(p)).min(p.reserved);
+            USED.fetch_sub(p.reserved - target, SeqCst);
+            p.reserved = target;
+        }
+    });
+}
+
+/// A synchronization: every pool is trimmed to its release threshold.
+#[unsafe(no_mangle)]
+pub extern "C" fn cuCtxSynchronize() -> CuResult {
+    if let Err(rc) = ready() {
+        return rc;
+    }
+    trim_pools(None, |p| p.threshold);
+    SUCCESS
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuStreamSynchronize(_stream: *mut c_void) -> CuResult {
+    cuCtxSynchronize()
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemPoolTrimTo(pool: *mut c_void, min_bytes: usize) -> CuResult {
+    if let Err(rc) = ready() {
+        return rc;
+    }
+    let pool = pool as u64;
+    if !POOLS.with(|m| m.contains_key(&pool)) {
+        return INVALID_VALUE;
+    }
+    trim_pools(Some(pool), |_| min_bytes as u64);
+    SUCCESS
+}
+
+/// Ignores the properties: every pool is device 0's.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemPoolCreate(pool: *mut u64, props: *const c_void) -> CuResult {
+    if let Err(rc) = ready() {
+        return rc;
+    }
+    if props.is_null() {
+        return INVALID_VALUE;
+    }
+    let h = NEXT_POOL.fetch_add(1, SeqCst);
+    POOLS.with(|m| m.insert(h, Pool::default()));
+    out(pool, Ok(h))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemPoolDestroy(pool: *mut c_void) -> CuResult {
+    if let Err(rc) = ready() {
+        return rc;
+    }
+    let pool = pool as u64;
+    if pool == DEFAULT_POOL {
+        return INVALID_VALUE;
+    }
+    let _ = CURRENT_POOL.compare_exchange(pool, DEFAULT_POOL, SeqCst, SeqCst);
+    POOLS.with(|m| {
+        let Some(p) = m.get_mut(&pool).filter(|p| !p.destroyed) else {
+            return INVALID_VALUE;
+        };
+        USED.fetch_sub(p.reserved - p.used, SeqCst);
+        p.reserved = p.used;
+        p.destroyed = true;
+        if p.used == 0 {
+            m.remove(&pool);
+        }
+        SUCCESS
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemPoolSetAttribute(
+    pool: *mut c_void,
+    attr: c_int,
+    value: *const u64,
+) -> CuResult {
+    if value.is_null() {
+        return INVALID_VALUE;
+    }
+    let pool = pool as u64;
+    POOLS.with(|m| {
+        if pool == DEFAULT_POOL {
+            m.entry(pool).or_default();
+        }
+        let Some(p) = m.get_mut(&pool).filter(|p| !p.destroyed) else {
+            return INVALID_VALUE;
+        };
+        if attr == POOL_ATTR_RELEASE_THRESHOLD {
+            // SAFETY: checked non-null; the threshold is a cuuint64_t.
+            p.threshold = unsafe { value.read() };
+        }
+        SUCCESS
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemPoolGetAttribute(
+    pool: *mut c_void,
+    attr: c_int,
+    value: *mut u64,
+) -> CuResult {
+    let pool = pool as u64;
+    let read = POOLS.with(|m| {
+        if pool == DEFAULT_POOL {
+            m.entry(pool).or_default();
+        }
+        let p = m.get(&pool).ok_or(INVALID_VALUE)?;
+        Ok(match attr {
+            POOL_ATTR_RELEASE_THRESHOLD => p.threshold,
+            POOL_ATTR_RESERVED_MEM_CURRENT => p.reserved,
+            POOL_ATTR_USED_MEM_CURRENT => p.used,
+            _ => 0,
+        })
+    });
+    out(value, read)
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDeviceGetDefaultMemPool(pool: *mut u64, dev: c_int) -> CuResult {
+    on_device(pool, dev, DEFAULT_POOL)
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDeviceGetMemPool(pool: *mut u64, dev: c_int) -> CuResult {
+    on_device(pool, dev, CURRENT_POOL.load(SeqCst))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuDeviceSetMemPool(dev: c_int, pool: *mut c_void) -> CuResult {
+    if let Err(rc) = device_ready(dev) {
+        return rc;
+    }
+    let pool = pool as u64;
+    if pool != DEFAULT_POOL && !POOLS.with(|m| m.get(&pool).is_some_and(|p| !p.destroyed)) {
+        return INVALID_VALUE;
+    }
+    CURRENT_POOL.store(pool, SeqCst);
+    SUCCESS
 }
 
 /// Rows are padded to 512 bytes, as drivers do.
@@ -416,6 +672,11 @@ pub unsafe extern "C" fn cuMemAllocPitch_v2(
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuMemFree_v2(dptr: u64) -> CuResult {
+    if ready().is_ok()
+        && let Some(rc) = pool_free(dptr)
+    {
+        return rc;
+    }
     free(dptr)
 }
 
@@ -454,12 +715,15 @@ pub extern "C" fn cuMemFree(dptr: u32) -> CuResult {
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuMemFreeAsync(dptr: u64, _stream: *mut c_void) -> CuResult {
-    free(dptr)
+    if let Err(rc) = ready() {
+        return rc;
+    }
+    pool_free(dptr).unwrap_or(INVALID_VALUE)
 }
 
 #[unsafe(no_mangle)]
-pub extern "C" fn cuMemFreeAsync_ptsz(dptr: u64, _stream: *mut c_void) -> CuResult {
-    free(dptr)
+pub extern "C" fn cuMemFreeAsync_ptsz(dptr: u64, stream: *mut c_void) -> CuResult {
+    cuMemFreeAsync(dptr, stream)
 }
 
 /// VMM: device-located handles take device memory; host-located ones take none here.
@@ -795,6 +1059,16 @@ fn entry(name: &[u8]) -> Option<*mut c_void> {
         b"cuMemAllocFromPoolAsync" => cuMemAllocFromPoolAsync as *mut c_void,
         b"cuMemAllocFromPoolAsync_ptsz" => cuMemAllocFromPoolAsync_ptsz as *mut c_void,
         b"cuMemAllocPitch_v2" => cuMemAllocPitch_v2 as *mut c_void,
+        b"cuCtxSynchronize" => cuCtxSynchronize as *mut c_void,
+        b"cuStreamSynchronize" => cuStreamSynchronize as *mut c_void,
+        b"cuMemPoolTrimTo" => cuMemPoolTrimTo as *mut c_void,
+        b"cuMemPoolCreate" => cuMemPoolCreate as *mut c_void,
+        b"cuMemPoolDestroy" => cuMemPoolDestroy as *mut c_void,
+        b"cuMemPoolSetAttribute" => cuMemPoolSetAttribute as *mut c_void,
+        b"cuMemPoolGetAttribute" => cuMemPoolGetAttribute as *mut c_void,
+        b"cuDeviceGetDefaultMemPool" => cuDeviceGetDefaultMemPool as *mut c_void,
+        b"cuDeviceGetMemPool" => cuDeviceGetMemPool as *mut c_void,
+        b"cuDeviceSetMemPool" => cuDeviceSetMemPool as *mut c_void,
         b"cuMemFree_v2" => cuMemFree_v2 as *mut c_void,
         b"cuMemFreeAsync" => cuMemFreeAsync as *mut c_void,
         b"cuMemFreeAsync_ptsz" => cuMemFreeAsync_ptsz as *mut c_void,

@@ -10,6 +10,10 @@
 //! `free-bogus`, `info-null`, `devtotal-null`, `driver-used`, `nvml`, `nvml-v2`, `nvml-null`,
 //! `map:N:MiB` / `unmap:N:MiB` (VMM allocation N at an address of its own), `retain:N` (the
 //! handle mapped there, retained: a new allocation number),
+//! `pool-new` (a pool of its own for `pool:MiB`, which else takes from device 0's default
+//! pool), `pool-destroy`,
+//! `threshold:MiB` (the release threshold of that pool, else of device 0's default pool),
+//! `trim:MiB` (`cuMemPoolTrimTo` of the same), `sync` (`cuCtxSynchronize`),
 //! `ctx-destroy` (destroys `init`'s context and makes a new one current), `primary` (retains
 //! device 0's primary context and makes it current), `primary-release`, `primary-reset`,
 //! `smi`, `ready`, `wait` (blocks until a line or EOF on stdin), `sleep:MS`,
@@ -58,6 +62,12 @@ pub struct Cuda {
     pub total_mem: unsafe extern "C" fn(*mut usize, c_int) -> CuResult,
     pub mipmap_create: unsafe extern "C" fn(*mut u64, *const Array3dDesc, c_uint) -> CuResult,
     pub mipmap_destroy: unsafe extern "C" fn(u64) -> CuResult,
+    pub pool_create: unsafe extern "C" fn(*mut *mut c_void, *const PoolProps) -> CuResult,
+    pub pool_destroy: unsafe extern "C" fn(*mut c_void) -> CuResult,
+    pub pool_set_attribute: unsafe extern "C" fn(*mut c_void, c_int, *const u64) -> CuResult,
+    pub pool_trim_to: unsafe extern "C" fn(*mut c_void, usize) -> CuResult,
+    pub default_pool: unsafe extern "C" fn(*mut *mut c_void, c_int) -> CuResult,
+    pub ctx_synchronize: unsafe extern "C" fn() -> CuResult,
     /// The pre-3.2 entry points, if the driver has them all.
     pub legacy: Option<Legacy>,
 }
@@ -86,6 +96,19 @@ pub struct AllocationProp {
     pub win32_metadata: usize,
     pub flags: [u8; 8],
 }
+
+/// `CUmemPoolProps` (88 bytes): pinned device memory on device 0, the rest zero.
+#[repr(C)]
+pub struct PoolProps {
+    pub alloc_type: c_uint,
+    pub handle_types: c_uint,
+    pub location_type: c_uint,
+    pub location_id: c_int,
+    pub rest: [u8; 72],
+}
+
+/// `CU_MEMPOOL_ATTR_RELEASE_THRESHOLD`.
+const POOL_ATTR_RELEASE_THRESHOLD: c_int = 4;
 
 /// `CUDA_ARRAY_DESCRIPTOR`.
 #[repr(C)]
@@ -206,6 +229,12 @@ impl Cuda {
                 total_mem = c"cuDeviceTotalMem",
                 mipmap_create = c"cuMipmappedArrayCreate",
                 mipmap_destroy = c"cuMipmappedArrayDestroy",
+                pool_create = c"cuMemPoolCreate",
+                pool_destroy = c"cuMemPoolDestroy",
+                pool_set_attribute = c"cuMemPoolSetAttribute",
+                pool_trim_to = c"cuMemPoolTrimTo",
+                default_pool = c"cuDeviceGetDefaultMemPool",
+                ctx_synchronize = c"cuCtxSynchronize",
             )
         } else {
             resolve_all!(
@@ -238,6 +267,12 @@ impl Cuda {
                 total_mem = c"cuDeviceTotalMem_v2",
                 mipmap_create = c"cuMipmappedArrayCreate",
                 mipmap_destroy = c"cuMipmappedArrayDestroy",
+                pool_create = c"cuMemPoolCreate",
+                pool_destroy = c"cuMemPoolDestroy",
+                pool_set_attribute = c"cuMemPoolSetAttribute",
+                pool_trim_to = c"cuMemPoolTrimTo",
+                default_pool = c"cuDeviceGetDefaultMemPool",
+                ctx_synchronize = c"cuCtxSynchronize",
             )
         }
     }
@@ -295,6 +330,24 @@ fn num(s: Option<&str>) -> usize {
 /// Where `map:I` maps VMM allocation I (a range of its own for each I).
 fn vmm_address(i: usize) -> u64 {
     0x6000_0000_0000 + ((i as u64) << 36)
+}
+
+/// The pool `pool-new` created (0: none).
+static POOL: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// The pool the pool steps act on: `pool-new`'s, else device 0's default pool.
+fn step_pool(cuda: &Cuda) -> *mut c_void {
+    let p = POOL.load(std::sync::atomic::Ordering::Relaxed);
+    if p != 0 {
+        return std::ptr::without_provenance_mut(p);
+    }
+    let mut pool = std::ptr::null_mut();
+    // SAFETY: a valid out-pointer.
+    let rc = unsafe { (cuda.default_pool)(&mut pool, 0) };
+    if rc != 0 {
+        fail(&format!("cuDeviceGetDefaultMemPool rc={rc}"));
+    }
+    pool
 }
 
 /// The context `init` (or `ctx-destroy`) created.
@@ -418,7 +471,7 @@ fn run_steps(cuda: &Cuda, steps: &[String], held: &mut Vec<Held>, prefix: &str) 
                         _ => (cuda.alloc_from_pool)(
                             &mut p,
                             bytes,
-                            std::ptr::null_mut(),
+                            step_pool(cuda),
                             std::ptr::null_mut(),
                         ),
                     }
@@ -433,6 +486,45 @@ fn run_steps(cuda: &Cuda, steps: &[String], held: &mut Vec<Held>, prefix: &str) 
                     },
                     op,
                 )
+            }
+            "pool-new" => {
+                let props = PoolProps {
+                    alloc_type: 1,
+                    handle_types: 0,
+                    location_type: 1,
+                    location_id: 0,
+                    rest: [0; 72],
+                };
+                let mut pool = std::ptr::null_mut();
+                // SAFETY: a valid out-pointer and properties.
+                let rc = unsafe { (cuda.pool_create)(&mut pool, &props) };
+                POOL.store(pool as usize, std::sync::atomic::Ordering::Relaxed);
+                format!("pool-new rc={rc}")
+            }
+            "pool-destroy" => {
+                let pool = POOL.swap(0, std::sync::atomic::Ordering::Relaxed);
+                // SAFETY: the pool `pool-new` made.
+                let rc = unsafe { (cuda.pool_destroy)(std::ptr::without_provenance_mut(pool)) };
+                format!("pool-destroy rc={rc}")
+            }
+            "threshold" => {
+                let bytes = (num(parts.next()) * MIB) as u64;
+                // SAFETY: a pool handle and a pointer to the cuuint64_t value.
+                let rc = unsafe {
+                    (cuda.pool_set_attribute)(step_pool(cuda), POOL_ATTR_RELEASE_THRESHOLD, &bytes)
+                };
+                format!("threshold rc={rc}")
+            }
+            "trim" => {
+                let bytes = num(parts.next()) * MIB;
+                // SAFETY: a pool handle.
+                let rc = unsafe { (cuda.pool_trim_to)(step_pool(cuda), bytes) };
+                format!("trim rc={rc}")
+            }
+            "sync" => {
+                // SAFETY: no arguments.
+                let rc = unsafe { (cuda.ctx_synchronize)() };
+                format!("sync rc={rc}")
             }
             "pitch" => {
                 let (w, h) = (num(parts.next()), num(parts.next()));

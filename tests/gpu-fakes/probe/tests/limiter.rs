@@ -281,6 +281,9 @@ fn every_allocation_path_is_counted_and_released() {
                 "free:5",
                 "free:6",
                 "free:7",
+                // The stream-ordered pool keeps its freed 512 MiB until a synchronization.
+                "info",
+                "sync",
                 "info",
             ],
         );
@@ -306,6 +309,8 @@ fn every_allocation_path_is_counted_and_released() {
                 "free rc=0",
                 "free rc=0",
                 "free rc=0",
+                "info rc=0 free_mib=1536 total_mib=2048",
+                "sync rc=0",
                 "info rc=0 free_mib=2048 total_mib=2048",
             ],
             "mode {mode}"
@@ -384,6 +389,106 @@ fn a_vmm_allocation_stays_counted_while_mapped_or_retained() {
 /// counts back, so the program can allocate its quota again. Only on the driver's word: a
 /// release that leaves the context active, or a failed call, keeps every count; stream-ordered
 /// and VMM allocations (no context owns them) stay counted until freed.
+/// A stream-ordered pool keeps what its allocations give back (up to its release threshold,
+/// until a synchronization or a trim): that memory stays counted, so pools that keep memory
+/// cannot hold more than the quota between them. The driver's own account (`driver-used`)
+/// shows what the GPU really holds at each step.
+#[test]
+fn what_a_memory_pool_keeps_stays_counted_until_the_driver_lets_it_go() {
+    expect_on_every_cuda_path(
+        TWO_GIB,
+        &[
+            "init",
+            // Device 0's default pool keeps up to 4 GiB: a freed 1 GiB stays in it, counted.
+            "threshold:4096",
+            "async:1024",
+            "free:0",
+            "driver-used",
+            "info",
+            "alloc:1536",
+            // What the pool keeps serves the next allocation from it: not counted twice.
+            "async:1536",
+            "driver-used",
+            "info",
+            // Freed and trimmed: the driver lets it go, and so does the count.
+            "free:1",
+            "trim:0",
+            "driver-used",
+            "info",
+            // Two pools that keep what they are given back cannot hold more than the quota
+            // between them.
+            "async:1536",
+            "free:2",
+            "pool-new",
+            "threshold:4096",
+            "pool:1024",
+            "driver-used",
+            "pool-destroy",
+            // A synchronization (unseen by the limiter) lets the default pool release: the
+            // next allocation that does not fit reads the pools again and fits.
+            "threshold:0",
+            "sync",
+            "driver-used",
+            "alloc:2048",
+            "free:3",
+            // A pool destroyed with an allocation out: what it kept is given back, the live
+            // allocation stays counted until freed.
+            "pool-new",
+            "pool:512",
+            "pool:256",
+            "free:4",
+            "driver-used",
+            "info",
+            "pool-destroy",
+            "driver-used",
+            "info",
+            "free:5",
+            "driver-used",
+            "info",
+        ],
+        &[
+            "init rc=0",
+            "threshold rc=0",
+            "async rc=0 id=0",
+            "free rc=0",
+            "driver-used mib=1024",
+            "info rc=0 free_mib=1024 total_mib=2048",
+            "alloc rc=2",
+            "async rc=0 id=1",
+            "driver-used mib=1536",
+            "info rc=0 free_mib=512 total_mib=2048",
+            "free rc=0",
+            "trim rc=0",
+            "driver-used mib=0",
+            "info rc=0 free_mib=2048 total_mib=2048",
+            "async rc=0 id=2",
+            "free rc=0",
+            "pool-new rc=0",
+            "threshold rc=0",
+            "pool rc=2",
+            "driver-used mib=1536",
+            "pool-destroy rc=0",
+            "threshold rc=0",
+            "sync rc=0",
+            "driver-used mib=0",
+            "alloc rc=0 id=3",
+            "free rc=0",
+            "pool-new rc=0",
+            "pool rc=0 id=4",
+            "pool rc=0 id=5",
+            "free rc=0",
+            "driver-used mib=768",
+            "info rc=0 free_mib=1280 total_mib=2048",
+            "pool-destroy rc=0",
+            "driver-used mib=256",
+            "info rc=0 free_mib=1792 total_mib=2048",
+            "free rc=0",
+            "driver-used mib=0",
+            "info rc=0 free_mib=2048 total_mib=2048",
+        ],
+    );
+}
+
 #[test]
 fn what_a_context_frees_with_it_is_given_back_and_nothing_more() {
     expect_on_every_cuda_path(

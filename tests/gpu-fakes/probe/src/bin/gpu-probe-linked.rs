@@ -11,6 +11,7 @@ use std::ffi::{c_int, c_uint, c_void};
 
 use api::{
     AllocationProp, Array3dDesc, Array3dDescV1, ArrayDesc, ArrayDescV1, CuResult, Cuda, Legacy,
+    PoolProps,
 };
 
 unsafe extern "C" {
@@ -61,6 +62,12 @@ unsafe extern "C" {
         levels: c_uint,
     ) -> CuResult;
     fn cuMipmappedArrayDestroy(handle: u64) -> CuResult;
+    fn cuMemPoolCreate(pool: *mut *mut c_void, props: *const PoolProps) -> CuResult;
+    fn cuMemPoolDestroy(pool: *mut c_void) -> CuResult;
+    fn cuMemPoolSetAttribute(pool: *mut c_void, attr: c_int, value: *const u64) -> CuResult;
+    fn cuMemPoolTrimTo(pool: *mut c_void, min_bytes: usize) -> CuResult;
+    fn cuDeviceGetDefaultMemPool(pool: *mut *mut c_void, dev: c_int) -> CuResult;
+    fn cuCtxSynchronize() -> CuResult;
     // The legacy (pre-3.2) entry points, as a binary built against CUDA < 3.2 links them.
     fn cuMemAlloc(dptr: *mut u32, bytes: c_uint) -> CuResult;
     fn cuMemAllocPitch(
@@ -106,6 +113,12 @@ fn main() {
         total_mem: cuDeviceTotalMem_v2,
         mipmap_create: cuMipmappedArrayCreate,
         mipmap_destroy: cuMipmappedArrayDestroy,
+        pool_create: cuMemPoolCreate,
+        pool_destroy: cuMemPoolDestroy,
+        pool_set_attribute: cuMemPoolSetAttribute,
+        pool_trim_to: cuMemPoolTrimTo,
+        default_pool: cuDeviceGetDefaultMemPool,
+        ctx_synchronize: cuCtxSynchronize,
         legacy: Some(Legacy {
             alloc: cuMemAlloc,
             alloc_pitch: cuMemAllocPitch,
