@@ -474,9 +474,10 @@ pub unsafe extern "C" fn cuMemAllocFromPoolAsync_ptsz(
     dptr: *mut u64,
     size: usize,
     pool: *mut c_void,
-    _stream: *mut c_void,
+    stream: *mut c_void,
 ) -> CuResult {
-    out(dptr, alloc_from_pool(pool as u64, size as u64))
+    // SAFETY: the same contract.
+    unsafe { cuMemAllocFromPoolAsync(dptr, size, pool, stream) }
 }
 
 /// A stream-ordered allocation's free: its memory goes back to its pool, which keeps it (a
