@@ -94,3 +94,68 @@ fn one_agent_per_state_directory() {
     drop(lock);
     StateLock::take(dir.path()).expect("free again once the holder is gone");
 }
+
+/// The guardian in a container of its own (`--watch STATE_DIR`, the chart's `guardian`
+/// container): it leaves what is frozen alone while an agent holds the state lock, thaws the
+/// moment that agent is gone, waits for the next one and thaws again when it goes; a
+/// termination signal ends it only after the agent has gone and it has thawed.
+#[test]
+fn a_watching_guardian_thaws_each_time_the_agent_is_gone() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    let cg = dir.path().join("cg");
+    std::fs::create_dir(&cg).unwrap();
+    let state = cg.join("freezer.state");
+    std::fs::write(&state, "FROZEN").unwrap();
+    std::fs::write(
+        dir.path().join("guardian.list"),
+        format!("{}\n", cg.display()),
+    )
+    .unwrap();
+    let frozen = || std::fs::read_to_string(&state).unwrap() == "FROZEN";
+    let thawed_within = |d: Duration| {
+        let t0 = Instant::now();
+        while t0.elapsed() < d {
+            if !frozen() {
+                return Some(t0.elapsed());
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        None
+    };
+
+    let agent = StateLock::take(dir.path()).unwrap();
+    let mut guardian = Command::new(env!("CARGO_BIN_EXE_gpushare"))
+        .args(["guardian", "--watch"])
+        .arg(dir.path())
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(frozen(), "thawed while the agent holds the lock");
+
+    drop(agent);
+    let took = thawed_within(Duration::from_secs(2)).expect("not thawed after the agent went");
+    eprintln!("thawed {took:?} after the first agent went");
+
+    // The next agent takes the lock (the guardian holds a shared one only for moments) and
+    // freezes again; a termination signal does not end the guardian while it runs.
+    let agent = StateLock::take(dir.path()).expect("the next agent takes the lock");
+    std::fs::write(&state, "FROZEN").unwrap();
+    let pid = nix::unistd::Pid::from_raw(guardian.id() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+    assert!(
+        !wait_exit(&mut guardian, Duration::from_millis(500)),
+        "the guardian ended on SIGTERM while the agent ran"
+    );
+    assert!(frozen(), "thawed while the next agent holds the lock");
+
+    drop(agent);
+    let took = thawed_within(Duration::from_secs(2)).expect("not thawed after the next agent went");
+    eprintln!("thawed {took:?} after the next agent went");
+    assert!(
+        wait_exit(&mut guardian, Duration::from_secs(2)),
+        "the guardian did not end after the agent went and it thawed"
+    );
+    assert!(guardian.wait().unwrap().success());
+}

@@ -608,9 +608,16 @@ fn the_walkers_find_every_key_and_a_missing_one_is_reported() {
 #[test]
 fn a_missing_flag_is_reported() {
     let flags = long_flags::<cmd::guardian::GuardianArgs>();
-    assert_eq!(flags, set(&["--leave-cgroup", "--list", "--now"]));
+    assert_eq!(
+        flags,
+        set(&["--leave-cgroup", "--list", "--now", "--watch"])
+    );
     assert_eq!(
         missing("### `gpushare guardian`\n`--list`\n", &flags),
-        vec!["--leave-cgroup".to_string(), "--now".to_string()]
+        vec![
+            "--leave-cgroup".to_string(),
+            "--now".to_string(),
+            "--watch".to_string()
+        ]
     );
 }

@@ -1,13 +1,19 @@
-//! The guardian: a small process the agent starts beside itself that thaws every cgroup the
-//! controller may have frozen as soon as the agent is gone — however it went, SIGKILL
-//! included. It holds the read end of a pipe whose write end only the agent has; when the
-//! agent dies the kernel closes it, the guardian reads EOF, thaws the cgroups listed in the
-//! controller's guardian list, and exits.
+//! The guardian: a small process that thaws every cgroup the controller may have frozen as
+//! soon as the agent is gone — however it went, SIGKILL included. Two ways to run it:
 //!
-//! Started by the agent, it first leaves the agent's cgroups for the root of every hierarchy
-//! (`--leave-cgroup <cgroup root>`): a kill of the agent's whole container (`runc kill --all`
-//! on a liveness restart, which freezes the container's cgroup and kills every process in it;
-//! a cgroup-v2 `memory.oom.group` kill) then takes the agent and not the guardian, which thaws.
+//! - **Started by the agent** (`gpushare guardian --list LIST`): it holds the read end of a
+//!   pipe whose write end only the agent has; when the agent dies the kernel closes it, the
+//!   guardian reads EOF, thaws the cgroups listed in the controller's guardian list, and exits.
+//!   It first leaves the agent's cgroups for the root of every hierarchy (`--leave-cgroup
+//!   <cgroup root>`): a kill of the agent's whole container (`runc kill --all` on a liveness
+//!   restart, which freezes the container's cgroup and kills every process in it; a cgroup-v2
+//!   `memory.oom.group` kill) then takes the agent and not the guardian, which thaws. Where the
+//!   agent has a cgroup namespace of its own (cgroup v2, not privileged) it cannot leave.
+//! - **Beside the agent, in a container of its own** (`gpushare guardian --watch STATE_DIR`,
+//!   the chart's `guardian` container): the agent holds `STATE_DIR/agent.lock` exclusively for
+//!   its life ([`StateLock`]); the guardian waits for a shared lock on it, which the kernel
+//!   grants the moment the agent is gone, thaws the list, lets go, and waits for the next
+//!   agent. It shares no cgroup with the agent, so no kill of the agent's container takes it.
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -40,22 +46,52 @@ pub fn thaw_listed(list: &Path) -> usize {
 /// overwrite each other's guardian list.
 pub struct StateLock(#[allow(dead_code)] std::fs::File);
 
+/// How long [`StateLock::take`] waits for the lock: a watching guardian ([`watch`]) holds a
+/// shared lock on it for a moment at a time while no agent does.
+const STATE_LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// `flock(file, op)`, retried when a signal interrupts it; false when it would block (with
+/// `LOCK_NB`).
+fn flock(file: &std::fs::File, op: i32) -> std::io::Result<bool> {
+    use std::os::fd::AsRawFd;
+    loop {
+        // SAFETY: flock on a descriptor we own.
+        if unsafe { nix::libc::flock(file.as_raw_fd(), op) } == 0 {
+            return Ok(true);
+        }
+        let e = std::io::Error::last_os_error();
+        match e.kind() {
+            std::io::ErrorKind::WouldBlock => return Ok(false),
+            std::io::ErrorKind::Interrupted if op & nix::libc::LOCK_NB != 0 => {}
+            _ => return Err(e),
+        }
+    }
+}
+
+/// Opens (creating) a state directory's `agent.lock`, without truncating it.
+fn open_lock(dir: &Path) -> std::io::Result<(PathBuf, std::fs::File)> {
+    let path = dir.join("agent.lock");
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .read(true)
+        .write(true)
+        .open(&path)?;
+    Ok((path, file))
+}
+
 impl StateLock {
     pub fn take(dir: &Path) -> std::io::Result<StateLock> {
         use std::io::Write;
         std::fs::create_dir_all(dir)?;
-        let path = dir.join("agent.lock");
-        let mut file = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .read(true)
-            .write(true)
-            .open(&path)?;
-        use std::os::fd::AsRawFd;
-        // SAFETY: flock on a descriptor we own.
-        if unsafe { nix::libc::flock(file.as_raw_fd(), nix::libc::LOCK_EX | nix::libc::LOCK_NB) }
-            != 0
-        {
+        let (path, mut file) = open_lock(dir)?;
+        let t0 = std::time::Instant::now();
+        let mut taken = flock(&file, nix::libc::LOCK_EX | nix::libc::LOCK_NB)?;
+        while !taken && t0.elapsed() < STATE_LOCK_WAIT {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            taken = flock(&file, nix::libc::LOCK_EX | nix::libc::LOCK_NB)?;
+        }
+        if !taken {
             let holder = std::fs::read_to_string(&path).unwrap_or_default();
             return Err(std::io::Error::new(
                 std::io::ErrorKind::WouldBlock,
@@ -155,6 +191,89 @@ pub fn run(list: &Path, leave: Option<&Path>) -> std::io::Result<()> {
         );
     }
     Ok(())
+}
+
+/// Set by a termination signal in [`watch`].
+static TERMINATING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// The watching guardian's main (`gpushare guardian --watch DIR`, see the module docs): for
+/// as long as it runs, each time no agent holds `DIR/agent.lock` it thaws what
+/// `DIR/guardian.list` names (once per agent gone). A termination signal (SIGTERM, SIGINT,
+/// SIGHUP) ends it once no agent holds the lock and it has thawed: the pod's deletion signals
+/// the agent and the guardian in the same instant, and the guardian must outlive the agent.
+pub fn watch(dir: &Path) -> std::io::Result<()> {
+    use nix::sys::signal::{SaFlags, SigAction, SigHandler, SigSet, Signal, sigaction};
+    extern "C" fn on_signal(_: nix::libc::c_int) {
+        TERMINATING.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+    // No SA_RESTART: a signal interrupts the blocking flock, and the loop looks at the flag.
+    let action = SigAction::new(
+        SigHandler::Handler(on_signal),
+        SaFlags::empty(),
+        SigSet::empty(),
+    );
+    for sig in [Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP] {
+        // SAFETY: the handler only stores to an atomic (async-signal-safe).
+        unsafe { sigaction(sig, &action) }?;
+    }
+    let terminating = || TERMINATING.load(std::sync::atomic::Ordering::SeqCst);
+    let (_, file) = open_lock(dir)?;
+    let list = dir.join("guardian.list");
+    eprintln!(
+        "gpushare guardian: watching {} (thaws {} whenever no agent holds it)",
+        dir.join("agent.lock").display(),
+        list.display()
+    );
+    let mut agent_seen = false;
+    loop {
+        if !flock(&file, nix::libc::LOCK_SH | nix::libc::LOCK_NB)? {
+            // An agent holds it: wait until it is gone (a signal interrupts the wait).
+            agent_seen = true;
+            if !flock_shared_blocking(&file)? {
+                continue;
+            }
+        }
+        let n = thaw_listed(&list);
+        if agent_seen {
+            eprintln!(
+                "gpushare guardian: agent gone, thawed {n} cgroup(s) from {}",
+                list.display()
+            );
+        } else if n > 0 {
+            eprintln!(
+                "gpushare guardian: no agent yet, thawed {n} cgroup(s) an earlier one left in {}",
+                list.display()
+            );
+        }
+        agent_seen = false;
+        flock(&file, nix::libc::LOCK_UN)?;
+        // Until the next agent holds the lock (it retries while this holds it for a moment).
+        loop {
+            if terminating() {
+                return Ok(());
+            }
+            std::thread::sleep(std::time::Duration::from_millis(200));
+            if !flock(&file, nix::libc::LOCK_SH | nix::libc::LOCK_NB)? {
+                break;
+            }
+            flock(&file, nix::libc::LOCK_UN)?;
+        }
+    }
+}
+
+/// A blocking shared `flock`: false if a signal interrupted it.
+fn flock_shared_blocking(file: &std::fs::File) -> std::io::Result<bool> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: flock on a descriptor we own.
+    if unsafe { nix::libc::flock(file.as_raw_fd(), nix::libc::LOCK_SH) } == 0 {
+        return Ok(true);
+    }
+    let e = std::io::Error::last_os_error();
+    if e.kind() == std::io::ErrorKind::Interrupted {
+        Ok(false)
+    } else {
+        Err(e)
+    }
 }
 
 /// Starts the guardian (`<exe> guardian --list LIST [--leave-cgroup ROOT]`) with a pipe on its

@@ -315,6 +315,21 @@ e2e_check "… placed by the extender (assignment 1024 MiB, 10 %, on the sample'
     "$K8S_KUBECTL --kubeconfig $KUBECONFIG get pod $PLAIN -o json | jq -e --argjson g ${SGPU:-0} '.metadata.annotations[\"gpushare.io/assignment\"] | fromjson | .containers.main[0] | .memoryMiB == 1024 and .corePercent == 10 and .gpuIndex == \$g'"
 kc delete job plain --wait=false >/dev/null
 
+echo "=== 5. (c) the agent killed: the guardian container thaws, and is not restarted"
+guardian_status() { kc -n "$NS" get pod "$AGENT" -o json | jq -c '.status.containerStatuses[] | select(.name == "guardian")'; }
+e2e_check "the guardian container runs beside the agent: root, no capability, no privilege escalation" bash -c \
+    "$K8S_KUBECTL --kubeconfig $KUBECONFIG -n $NS get pod $AGENT -o json | jq -e '(.spec.containers[1] | .name == \"guardian\" and .securityContext.capabilities.drop == [\"ALL\"] and .securityContext.capabilities.add == null and .securityContext.allowPrivilegeEscalation == false) and ([.status.containerStatuses[] | select(.name == \"guardian\" and .ready)] | length == 1)'"
+agent_restarts=$(kc -n "$NS" get pod "$AGENT" -o json | jq '.status.containerStatuses[] | select(.name == "agent") | .restartCount')
+guardian_before=$(guardian_status)
+# The sample (30 %) is duty-cycled: the agent's guardian list names its cgroup.
+pkill -KILL -f '^/usr/local/bin/gpushare node --config' || true
+e2e_check "a SIGKILL of the agent: the guardian container saw it go and thawed (its log)" k8s_wait_for 20 "guardian log" bash -c \
+    "$K8S_KUBECTL --kubeconfig $KUBECONFIG -n $NS logs $AGENT -c guardian | grep -E 'agent gone, thawed [0-9]+ cgroup'"
+e2e_check "… the agent container restarted and is ready again, the guardian container was not restarted" k8s_wait_for 90 "agent back" bash -c \
+    "$K8S_KUBECTL --kubeconfig $KUBECONFIG -n $NS get pod $AGENT -o json | jq -e --argjson r $agent_restarts '[.status.containerStatuses[] | select((.name == \"agent\" and .restartCount > \$r and .ready) or (.name == \"guardian\" and .restartCount == 0 and .ready))] | length == 2'"
+echo "    guardian before: $guardian_before; after: $(guardian_status)"
+kc -n "$NS" logs "$AGENT" -c guardian 2>&1 | sed 's/^/    guardian: /'
+
 echo "=== 6. helm upgrade: the agent replaced, host files and certificates kept"
 ca_before=$(kc -n "$NS" get secret "$RELEASE-extender-tls" -o jsonpath='{.data.ca\.crt}')
 sample_id=$(kc get pod "$SAMPLE" -o jsonpath='{.status.containerStatuses[0].containerID}' | sed 's|.*://||')
