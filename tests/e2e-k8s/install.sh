@@ -316,7 +316,7 @@ e2e_check "… placed by the extender (assignment 1024 MiB, 10 %, on the sample'
 kc delete job plain --wait=false >/dev/null
 
 echo "=== 5. (c) the agent killed: the guardian container thaws, and is not restarted"
-guardian_status() { kc -n "$NS" get pod "$AGENT" -o json | jq -c '.status.containerStatuses[] | select(.name == "guardian")'; }
+guardian_status() { kc -n "$NS" get pod "$AGENT" -o json | jq -c '.status.containerStatuses[] | select(.name == "guardian") | {restartCount, ready, startedAt: .state.running.startedAt}'; }
 e2e_check "the guardian container runs beside the agent: root, no capability, no privilege escalation" bash -c \
     "$K8S_KUBECTL --kubeconfig $KUBECONFIG -n $NS get pod $AGENT -o json | jq -e '(.spec.containers[1] | .name == \"guardian\" and .securityContext.capabilities.drop == [\"ALL\"] and .securityContext.capabilities.add == null and .securityContext.allowPrivilegeEscalation == false) and ([.status.containerStatuses[] | select(.name == \"guardian\" and .ready)] | length == 1)'"
 agent_restarts=$(kc -n "$NS" get pod "$AGENT" -o json | jq '.status.containerStatuses[] | select(.name == "agent") | .restartCount')

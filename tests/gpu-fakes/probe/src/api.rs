@@ -62,14 +62,44 @@ pub struct Cuda {
     pub total_mem: unsafe extern "C" fn(*mut usize, c_int) -> CuResult,
     pub mipmap_create: unsafe extern "C" fn(*mut u64, *const Array3dDesc, c_uint) -> CuResult,
     pub mipmap_destroy: unsafe extern "C" fn(u64) -> CuResult,
-    pub pool_create: unsafe extern "C" fn(*mut *mut c_void, *const PoolProps) -> CuResult,
-    pub pool_destroy: unsafe extern "C" fn(*mut c_void) -> CuResult,
-    pub pool_set_attribute: unsafe extern "C" fn(*mut c_void, c_int, *const u64) -> CuResult,
-    pub pool_trim_to: unsafe extern "C" fn(*mut c_void, usize) -> CuResult,
-    pub default_pool: unsafe extern "C" fn(*mut *mut c_void, c_int) -> CuResult,
-    pub ctx_synchronize: unsafe extern "C" fn() -> CuResult,
+    pub pools: Pools,
     /// The pre-3.2 entry points, if the driver has them all.
     pub legacy: Option<Legacy>,
+}
+
+/// The stream-ordered pool entry points (one version each).
+#[derive(Clone, Copy)]
+pub struct Pools {
+    pub create: unsafe extern "C" fn(*mut *mut c_void, *const PoolProps) -> CuResult,
+    pub destroy: unsafe extern "C" fn(*mut c_void) -> CuResult,
+    pub set_attribute: unsafe extern "C" fn(*mut c_void, c_int, *const u64) -> CuResult,
+    pub trim_to: unsafe extern "C" fn(*mut c_void, usize) -> CuResult,
+    pub default_pool: unsafe extern "C" fn(*mut *mut c_void, c_int) -> CuResult,
+    pub ctx_synchronize: unsafe extern "C" fn() -> CuResult,
+}
+
+impl Pools {
+    /// Resolves each by name through `resolve` (the names have no versions).
+    pub fn resolve(resolve: Resolve) -> Pools {
+        macro_rules! get {
+            ($name:literal) => {{
+                let p = resolve($name);
+                if p.is_null() {
+                    fail(&format!("cannot resolve {:?}", $name));
+                }
+                // SAFETY: the symbol's C signature is the field's type.
+                unsafe { std::mem::transmute::<*mut c_void, _>(p) }
+            }};
+        }
+        Pools {
+            create: get!(c"cuMemPoolCreate"),
+            destroy: get!(c"cuMemPoolDestroy"),
+            set_attribute: get!(c"cuMemPoolSetAttribute"),
+            trim_to: get!(c"cuMemPoolTrimTo"),
+            default_pool: get!(c"cuDeviceGetDefaultMemPool"),
+            ctx_synchronize: get!(c"cuCtxSynchronize"),
+        }
+    }
 }
 
 /// The legacy (pre-3.2) entry points: `unsigned int` sizes, 32-bit `CUdeviceptr_v1`.
@@ -154,6 +184,7 @@ macro_rules! resolve_all {
     ($resolve:expr, legacy = $legacy:expr, $($field:ident = $name:literal),* $(,)?) => {{
         Cuda {
             legacy: $legacy,
+            pools: Pools::resolve($resolve),
             $($field: {
                 let p = $resolve($name);
                 if p.is_null() {
@@ -229,12 +260,6 @@ impl Cuda {
                 total_mem = c"cuDeviceTotalMem",
                 mipmap_create = c"cuMipmappedArrayCreate",
                 mipmap_destroy = c"cuMipmappedArrayDestroy",
-                pool_create = c"cuMemPoolCreate",
-                pool_destroy = c"cuMemPoolDestroy",
-                pool_set_attribute = c"cuMemPoolSetAttribute",
-                pool_trim_to = c"cuMemPoolTrimTo",
-                default_pool = c"cuDeviceGetDefaultMemPool",
-                ctx_synchronize = c"cuCtxSynchronize",
             )
         } else {
             resolve_all!(
@@ -267,12 +292,6 @@ impl Cuda {
                 total_mem = c"cuDeviceTotalMem_v2",
                 mipmap_create = c"cuMipmappedArrayCreate",
                 mipmap_destroy = c"cuMipmappedArrayDestroy",
-                pool_create = c"cuMemPoolCreate",
-                pool_destroy = c"cuMemPoolDestroy",
-                pool_set_attribute = c"cuMemPoolSetAttribute",
-                pool_trim_to = c"cuMemPoolTrimTo",
-                default_pool = c"cuDeviceGetDefaultMemPool",
-                ctx_synchronize = c"cuCtxSynchronize",
             )
         }
     }
@@ -343,7 +362,7 @@ fn step_pool(cuda: &Cuda) -> *mut c_void {
     }
     let mut pool = std::ptr::null_mut();
     // SAFETY: a valid out-pointer.
-    let rc = unsafe { (cuda.default_pool)(&mut pool, 0) };
+    let rc = unsafe { (cuda.pools.default_pool)(&mut pool, 0) };
     if rc != 0 {
         fail(&format!("cuDeviceGetDefaultMemPool rc={rc}"));
     }
@@ -497,33 +516,33 @@ fn run_steps(cuda: &Cuda, steps: &[String], held: &mut Vec<Held>, prefix: &str) 
                 };
                 let mut pool = std::ptr::null_mut();
                 // SAFETY: a valid out-pointer and properties.
-                let rc = unsafe { (cuda.pool_create)(&mut pool, &props) };
+                let rc = unsafe { (cuda.pools.create)(&mut pool, &props) };
                 POOL.store(pool as usize, std::sync::atomic::Ordering::Relaxed);
                 format!("pool-new rc={rc}")
             }
             "pool-destroy" => {
                 let pool = POOL.swap(0, std::sync::atomic::Ordering::Relaxed);
                 // SAFETY: the pool `pool-new` made.
-                let rc = unsafe { (cuda.pool_destroy)(std::ptr::without_provenance_mut(pool)) };
+                let rc = unsafe { (cuda.pools.destroy)(std::ptr::without_provenance_mut(pool)) };
                 format!("pool-destroy rc={rc}")
             }
             "threshold" => {
                 let bytes = (num(parts.next()) * MIB) as u64;
                 // SAFETY: a pool handle and a pointer to the cuuint64_t value.
                 let rc = unsafe {
-                    (cuda.pool_set_attribute)(step_pool(cuda), POOL_ATTR_RELEASE_THRESHOLD, &bytes)
+                    (cuda.pools.set_attribute)(step_pool(cuda), POOL_ATTR_RELEASE_THRESHOLD, &bytes)
                 };
                 format!("threshold rc={rc}")
             }
             "trim" => {
                 let bytes = num(parts.next()) * MIB;
                 // SAFETY: a pool handle.
-                let rc = unsafe { (cuda.pool_trim_to)(step_pool(cuda), bytes) };
+                let rc = unsafe { (cuda.pools.trim_to)(step_pool(cuda), bytes) };
                 format!("trim rc={rc}")
             }
             "sync" => {
                 // SAFETY: no arguments.
-                let rc = unsafe { (cuda.ctx_synchronize)() };
+                let rc = unsafe { (cuda.pools.ctx_synchronize)() };
                 format!("sync rc={rc}")
             }
             "pitch" => {

@@ -11,7 +11,7 @@ use std::ffi::{c_int, c_uint, c_void};
 
 use api::{
     AllocationProp, Array3dDesc, Array3dDescV1, ArrayDesc, ArrayDescV1, CuResult, Cuda, Legacy,
-    PoolProps,
+    PoolProps, Pools,
 };
 
 unsafe extern "C" {
@@ -113,12 +113,14 @@ fn main() {
         total_mem: cuDeviceTotalMem_v2,
         mipmap_create: cuMipmappedArrayCreate,
         mipmap_destroy: cuMipmappedArrayDestroy,
-        pool_create: cuMemPoolCreate,
-        pool_destroy: cuMemPoolDestroy,
-        pool_set_attribute: cuMemPoolSetAttribute,
-        pool_trim_to: cuMemPoolTrimTo,
-        default_pool: cuDeviceGetDefaultMemPool,
-        ctx_synchronize: cuCtxSynchronize,
+        pools: Pools {
+            create: cuMemPoolCreate,
+            destroy: cuMemPoolDestroy,
+            set_attribute: cuMemPoolSetAttribute,
+            trim_to: cuMemPoolTrimTo,
+            default_pool: cuDeviceGetDefaultMemPool,
+            ctx_synchronize: cuCtxSynchronize,
+        },
         legacy: Some(Legacy {
             alloc: cuMemAlloc,
             alloc_pitch: cuMemAllocPitch,
