@@ -54,6 +54,7 @@ macro_rules! real {
 real!(R_CTX_GET_DEVICE, c"cuCtxGetDevice");
 real!(R_CTX_GET_CURRENT, c"cuCtxGetCurrent");
 real!(R_CTX_DESTROY, c"cuCtxDestroy_v2");
+real!(R_CTX_DESTROY_V1, c"cuCtxDestroy");
 real!(R_PRIMARY_CTX_RETAIN, c"cuDevicePrimaryCtxRetain");
 real!(R_PRIMARY_CTX_RELEASE, c"cuDevicePrimaryCtxRelease_v2");
 real!(R_PRIMARY_CTX_RELEASE_V1, c"cuDevicePrimaryCtxRelease");
@@ -940,13 +941,24 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxReset(dev: CuDevice) -> CuResult {
     primary_reset(&R_PRIMARY_CTX_RESET_V1, dev)
 }
 
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuCtxDestroy_v2(ctx: *mut c_void) -> CuResult {
-    let rc = call_real!(R_CTX_DESTROY, fn(*mut c_void), ctx);
+fn ctx_destroy(sym: &RealSym, ctx: *mut c_void) -> CuResult {
+    let rc = call_real!(sym, fn(*mut c_void), ctx);
     if rc == CUDA_SUCCESS {
         context_freed(ctx as u64);
     }
     rc
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxDestroy_v2(ctx: *mut c_void) -> CuResult {
+    ctx_destroy(&R_CTX_DESTROY, ctx)
+}
+
+/// The pre-4.0 `cuCtxDestroy` that binaries built against CUDA < 4.0 still link: it frees the
+/// context's allocations as `_v2` does.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxDestroy(ctx: *mut c_void) -> CuResult {
+    ctx_destroy(&R_CTX_DESTROY_V1, ctx)
 }
 
 /// `CUDA_ARRAY_DESCRIPTOR`.

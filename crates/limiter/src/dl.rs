@@ -31,7 +31,7 @@ macro_rules! hooks {
     };
 }
 
-static CUDA_HOOKS: [Hook; 39] = hooks![
+static CUDA_HOOKS: [Hook; 40] = hooks![
     R_MEM_ALLOC => cuMemAlloc_v2,
     R_MEM_ALLOC_PITCH => cuMemAllocPitch_v2,
     R_MEM_ALLOC_MANAGED => cuMemAllocManaged,
@@ -64,6 +64,7 @@ static CUDA_HOOKS: [Hook; 39] = hooks![
     R_MEM_GET_INFO_V1 => cuMemGetInfo,
     R_DEVICE_TOTAL_MEM_V1 => cuDeviceTotalMem,
     R_CTX_DESTROY => cuCtxDestroy_v2,
+    R_CTX_DESTROY_V1 => cuCtxDestroy,
     R_PRIMARY_CTX_RETAIN => cuDevicePrimaryCtxRetain,
     R_PRIMARY_CTX_RELEASE => cuDevicePrimaryCtxRelease_v2,
     R_PRIMARY_CTX_RELEASE_V1 => cuDevicePrimaryCtxRelease,

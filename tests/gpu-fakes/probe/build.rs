@@ -41,6 +41,7 @@ const SYMBOLS: &[&str] = &[
     "cuArray3DCreate",
     "cuMemGetInfo",
     "cuDeviceTotalMem",
+    "cuCtxDestroy",
     "cuMemPoolCreate",
     "cuMemPoolDestroy",
     "cuMemPoolSetAttribute",

@@ -303,6 +303,17 @@ pub unsafe extern "C" fn cuCtxCreate_v2(
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuCtxDestroy_v2(ctx: *mut c_void) -> CuResult {
+    destroy_ctx(ctx)
+}
+
+/// The pre-4.0 `cuCtxDestroy`: the same here. (Not a call to the exported `cuCtxDestroy_v2`,
+/// which a preloaded library would interpose.)
+#[unsafe(no_mangle)]
+pub extern "C" fn cuCtxDestroy(ctx: *mut c_void) -> CuResult {
+    destroy_ctx(ctx)
+}
+
+fn destroy_ctx(ctx: *mut c_void) -> CuResult {
     let c = ctx as u64;
     if !INIT.load(SeqCst) {
         return NOT_INITIALIZED;
@@ -474,10 +485,9 @@ pub unsafe extern "C" fn cuMemAllocFromPoolAsync_ptsz(
     dptr: *mut u64,
     size: usize,
     pool: *mut c_void,
-    stream: *mut c_void,
+    _stream: *mut c_void,
 ) -> CuResult {
-    // SAFETY: the same contract.
-    unsafe { cuMemAllocFromPoolAsync(dptr, size, pool, stream) }
+    out(dptr, alloc_from_pool(pool as u64, size as u64))
 }
 
 /// A stream-ordered allocation's free: its memory goes back to its pool, which keeps it (a
@@ -517,16 +527,20 @@ fn trim_pools(only: Option<u64>, keep: impl Fn(&Pool) -> u64) {
 /// A synchronization: every pool is trimmed to its release threshold.
 #[unsafe(no_mangle)]
 pub extern "C" fn cuCtxSynchronize() -> CuResult {
+    synchronize()
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuStreamSynchronize(_stream: *mut c_void) -> CuResult {
+    synchronize()
+}
+
+fn synchronize() -> CuResult {
     if let Err(rc) = ready() {
         return rc;
     }
     trim_pools(None, |p| p.threshold);
     SUCCESS
-}
-
-#[unsafe(no_mangle)]
-pub extern "C" fn cuStreamSynchronize(_stream: *mut c_void) -> CuResult {
-    cuCtxSynchronize()
 }
 
 #[unsafe(no_mangle)]
@@ -716,6 +730,12 @@ pub extern "C" fn cuMemFree(dptr: u32) -> CuResult {
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuMemFreeAsync(dptr: u64, _stream: *mut c_void) -> CuResult {
+    free_async(dptr)
+}
+
+/// The exported entry points call each other only through functions like this one: a
+/// preloaded library interposes the exported names.
+fn free_async(dptr: u64) -> CuResult {
     if let Err(rc) = ready() {
         return rc;
     }
@@ -723,8 +743,8 @@ pub extern "C" fn cuMemFreeAsync(dptr: u64, _stream: *mut c_void) -> CuResult {
 }
 
 #[unsafe(no_mangle)]
-pub extern "C" fn cuMemFreeAsync_ptsz(dptr: u64, stream: *mut c_void) -> CuResult {
-    cuMemFreeAsync(dptr, stream)
+pub extern "C" fn cuMemFreeAsync_ptsz(dptr: u64, _stream: *mut c_void) -> CuResult {
+    free_async(dptr)
 }
 
 /// VMM: device-located handles take device memory; host-located ones take none here.
@@ -1044,6 +1064,7 @@ fn entry(name: &[u8]) -> Option<*mut c_void> {
         b"cuDeviceGetCount" => cuDeviceGetCount as *mut c_void,
         b"cuCtxCreate_v2" => cuCtxCreate_v2 as *mut c_void,
         b"cuCtxDestroy_v2" => cuCtxDestroy_v2 as *mut c_void,
+        b"cuCtxDestroy" => cuCtxDestroy as *mut c_void,
         b"cuCtxGetCurrent" => cuCtxGetCurrent as *mut c_void,
         b"cuCtxSetCurrent" => cuCtxSetCurrent as *mut c_void,
         b"cuDevicePrimaryCtxRetain" => cuDevicePrimaryCtxRetain as *mut c_void,

@@ -14,7 +14,7 @@
 //! pool), `pool-destroy`,
 //! `threshold:MiB` (the release threshold of that pool, else of device 0's default pool),
 //! `trim:MiB` (`cuMemPoolTrimTo` of the same), `sync` (`cuCtxSynchronize`),
-//! `ctx-destroy` (destroys `init`'s context and makes a new one current), `primary` (retains
+//! `ctx-destroy-v1` (the same through the pre-4.0 `cuCtxDestroy`), `ctx-destroy` (destroys `init`'s context and makes a new one current), `primary` (retains
 //! device 0's primary context and makes it current), `primary-release`, `primary-reset`,
 //! `smi`, `ready`, `wait` (blocks until a line or EOF on stdin), `sleep:MS`,
 //! `fork:STEP/STEP/…` (a child runs those steps, its lines prefixed `child `, and exits; the
@@ -113,6 +113,8 @@ pub struct Legacy {
     pub array3d_create: unsafe extern "C" fn(*mut u64, *const Array3dDescV1) -> CuResult,
     pub get_info: unsafe extern "C" fn(*mut c_uint, *mut c_uint) -> CuResult,
     pub total_mem: unsafe extern "C" fn(*mut c_uint, c_int) -> CuResult,
+    /// The pre-4.0 `cuCtxDestroy`.
+    pub ctx_destroy: unsafe extern "C" fn(*mut c_void) -> CuResult,
 }
 
 /// `CUmemAllocationProp`.
@@ -219,6 +221,7 @@ impl Legacy {
             array3d_create: get!(c"cuArray3DCreate"),
             get_info: get!(c"cuMemGetInfo"),
             total_mem: get!(c"cuDeviceTotalMem"),
+            ctx_destroy: get!(c"cuCtxDestroy"),
         })
     }
 }
@@ -408,18 +411,23 @@ fn run_steps(cuda: &Cuda, steps: &[String], held: &mut Vec<Held>, prefix: &str) 
                 CTX.store(ctx as usize, std::sync::atomic::Ordering::Relaxed);
                 format!("init rc={rc}")
             }
-            "ctx-destroy" => {
+            "ctx-destroy" | "ctx-destroy-v1" => {
+                let destroy = if op == "ctx-destroy" {
+                    cuda.ctx_destroy
+                } else {
+                    legacy(cuda).ctx_destroy
+                };
                 let old = CTX.load(std::sync::atomic::Ordering::Relaxed);
                 let mut ctx = std::ptr::null_mut();
                 // SAFETY: the context `init` made; a valid out-pointer.
                 let (rc, new) = unsafe {
                     (
-                        (cuda.ctx_destroy)(std::ptr::without_provenance_mut(old)),
+                        destroy(std::ptr::without_provenance_mut(old)),
                         (cuda.ctx_create)(&mut ctx, 0, 0),
                     )
                 };
                 CTX.store(ctx as usize, std::sync::atomic::Ordering::Relaxed);
-                format!("ctx-destroy rc={rc} new={new}")
+                format!("{op} rc={rc} new={new}")
             }
             "primary" => {
                 let mut ctx = std::ptr::null_mut();

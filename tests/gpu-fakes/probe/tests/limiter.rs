@@ -518,6 +518,26 @@ fn what_a_context_frees_with_it_is_given_back_and_nothing_more() {
             "info rc=0 free_mib=0 total_mib=2048",
         ],
     );
+    // The pre-4.0 `cuCtxDestroy` that old binaries link frees the same.
+    expect_on_every_cuda_path(
+        TWO_GIB,
+        &[
+            "init",
+            "alloc:1536",
+            "ctx-destroy-v1",
+            "driver-used",
+            "alloc:1536",
+            "info",
+        ],
+        &[
+            "init rc=0",
+            "alloc rc=0 id=0",
+            "ctx-destroy-v1 rc=0 new=0",
+            "driver-used mib=0",
+            "alloc rc=0 id=1",
+            "info rc=0 free_mib=512 total_mib=2048",
+        ],
+    );
     // The primary context, as the CUDA runtime uses it: a reset frees what it holds.
     expect_on_every_cuda_path(
         TWO_GIB,

@@ -78,6 +78,7 @@ unsafe extern "C" {
         elem: c_uint,
     ) -> CuResult;
     fn cuMemFree(dptr: u32) -> CuResult;
+    fn cuCtxDestroy(ctx: *mut c_void) -> CuResult;
     fn cuArrayCreate(array: *mut u64, desc: *const ArrayDescV1) -> CuResult;
     fn cuArray3DCreate(array: *mut u64, desc: *const Array3dDescV1) -> CuResult;
     fn cuMemGetInfo(free: *mut c_uint, total: *mut c_uint) -> CuResult;
@@ -129,6 +130,7 @@ fn main() {
             array3d_create: cuArray3DCreate,
             get_info: cuMemGetInfo,
             total_mem: cuDeviceTotalMem,
+            ctx_destroy: cuCtxDestroy,
         }),
     };
     let steps: Vec<String> = std::env::args().skip(1).collect();
