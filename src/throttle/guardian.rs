@@ -50,8 +50,8 @@ pub struct StateLock(#[allow(dead_code)] std::fs::File);
 /// shared lock on it for a moment at a time while no agent does.
 const STATE_LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 
-/// `flock(file, op)`, retried when a signal interrupts it; false when it would block (with
-/// `LOCK_NB`).
+/// `flock(file, op)`: false when it would block (with `LOCK_NB`, where a signal's interruption
+/// is retried) or a signal interrupted the wait (without).
 fn flock(file: &std::fs::File, op: i32) -> std::io::Result<bool> {
     use std::os::fd::AsRawFd;
     loop {
@@ -63,6 +63,7 @@ fn flock(file: &std::fs::File, op: i32) -> std::io::Result<bool> {
         match e.kind() {
             std::io::ErrorKind::WouldBlock => return Ok(false),
             std::io::ErrorKind::Interrupted if op & nix::libc::LOCK_NB != 0 => {}
+            std::io::ErrorKind::Interrupted => return Ok(false),
             _ => return Err(e),
         }
     }
@@ -217,11 +218,11 @@ pub fn watch(dir: &Path) -> std::io::Result<()> {
         unsafe { sigaction(sig, &action) }?;
     }
     let terminating = || TERMINATING.load(std::sync::atomic::Ordering::SeqCst);
-    let (_, file) = open_lock(dir)?;
+    let (lock, file) = open_lock(dir)?;
     let list = dir.join("guardian.list");
     eprintln!(
         "gpushare guardian: watching {} (thaws {} whenever no agent holds it)",
-        dir.join("agent.lock").display(),
+        lock.display(),
         list.display()
     );
     let mut agent_seen = false;
@@ -229,7 +230,7 @@ pub fn watch(dir: &Path) -> std::io::Result<()> {
         if !flock(&file, nix::libc::LOCK_SH | nix::libc::LOCK_NB)? {
             // An agent holds it: wait until it is gone (a signal interrupts the wait).
             agent_seen = true;
-            if !flock_shared_blocking(&file)? {
+            if !flock(&file, nix::libc::LOCK_SH)? {
                 continue;
             }
         }
@@ -258,21 +259,6 @@ pub fn watch(dir: &Path) -> std::io::Result<()> {
             }
             flock(&file, nix::libc::LOCK_UN)?;
         }
-    }
-}
-
-/// A blocking shared `flock`: false if a signal interrupted it.
-fn flock_shared_blocking(file: &std::fs::File) -> std::io::Result<bool> {
-    use std::os::fd::AsRawFd;
-    // SAFETY: flock on a descriptor we own.
-    if unsafe { nix::libc::flock(file.as_raw_fd(), nix::libc::LOCK_SH) } == 0 {
-        return Ok(true);
-    }
-    let e = std::io::Error::last_os_error();
-    if e.kind() == std::io::ErrorKind::Interrupted {
-        Ok(false)
-    } else {
-        Err(e)
     }
 }
 

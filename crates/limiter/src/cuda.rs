@@ -175,14 +175,19 @@ fn unknown_device(dev: CuDevice) -> CuResult {
     CUDA_ERROR_INVALID_DEVICE
 }
 
-/// The limits-file position of the current context's device.
-fn current_pos(lim: &Limiter) -> Result<usize, CuResult> {
+/// The current context's device.
+fn current_device() -> Result<CuDevice, CuResult> {
     let mut dev: CuDevice = 0;
     let rc = call_real!(R_CTX_GET_DEVICE, fn(*mut CuDevice), &mut dev);
     if rc != CUDA_SUCCESS {
         return Err(rc);
     }
-    device_pos(lim, dev)
+    Ok(dev)
+}
+
+/// The limits-file position of the current context's device.
+fn current_pos(lim: &Limiter) -> Result<usize, CuResult> {
+    device_pos(lim, current_device()?)
 }
 
 /// Who frees an allocation besides its own free.
@@ -357,13 +362,9 @@ fn capturing(stream: CuStream) -> bool {
     rc == CUDA_SUCCESS && status != CAPTURE_STATUS_NONE
 }
 
-/// The pool `cuMemAllocAsync` takes from: the current context's device's current pool (0 if
-/// the driver cannot say).
-fn current_pool() -> u64 {
-    let mut dev: CuDevice = 0;
-    if call_real!(R_CTX_GET_DEVICE, fn(*mut CuDevice), &mut dev) != CUDA_SUCCESS {
-        return 0;
-    }
+/// The pool `cuMemAllocAsync` takes from: device `dev`'s current pool (0 if the driver cannot
+/// say).
+fn current_pool(dev: CuDevice) -> u64 {
     let mut pool: CuMemPool = std::ptr::null_mut();
     let rc = call_real!(
         R_DEVICE_GET_MEM_POOL,
@@ -374,7 +375,8 @@ fn current_pool() -> u64 {
     if rc == CUDA_SUCCESS { pool as u64 } else { 0 }
 }
 
-/// A stream-ordered allocation from `pool` (0: unknown) by `forward`. What the pool keeps of
+/// A stream-ordered allocation from `pool` (given the current context's device; 0: unknown) by
+/// `forward`. What the pool keeps of
 /// earlier frees may serve it: that much is counted already and not reserved again. After the
 /// call, the pool is counted at what the driver says it holds (more, if it grew by more than
 /// the allocation).
@@ -382,7 +384,7 @@ fn alloc_pooled(
     dptr: *mut CuDevicePtr,
     bytesize: usize,
     stream: CuStream,
-    pool: impl FnOnce() -> u64,
+    pool: impl FnOnce(CuDevice) -> u64,
     forward: impl FnOnce() -> CuResult,
 ) -> CuResult {
     if dptr.is_null() || bytesize == 0 {
@@ -395,11 +397,11 @@ fn alloc_pooled(
     let Some(lim) = limiter() else {
         return CUDA_ERROR_NOT_PERMITTED;
     };
-    let pos = match current_pos(lim) {
+    let (dev, pos) = match current_device().and_then(|d| Ok((d, device_pos(lim, d)?))) {
         Ok(p) => p,
         Err(rc) => return rc,
     };
-    let pool = pool();
+    let pool = pool(dev);
     let bytes = bytesize as u64;
     let took = state::pool_take_kept(pool, pos, bytes);
     if !reserve(lim, pos, bytes - took) {
@@ -468,7 +470,7 @@ fn alloc_from_pool(
         dptr,
         bytesize,
         stream,
-        || pool as u64,
+        |_| pool as u64,
         || {
             call_real!(
                 sym,

@@ -63,7 +63,8 @@ static NEXT_V1: AtomicU64 = AtomicU64::new(0x1000_0000);
 static ALLOCS: SpinLock<BTreeMap<u64, (u64, u64)>> = SpinLock::new(BTreeMap::new());
 /// Stream-ordered memory pools by handle. A pool keeps the memory its allocations gave back
 /// (`reserved` − `used`) until a synchronization trims it to its release threshold, a
-/// `cuMemPoolTrimTo`, or its destruction, as the real driver does.
+/// `cuMemPoolTrimTo`, or its destruction, as the real driver does. Device 0's default pool is
+/// made at `cuInit`.
 static POOLS: SpinLock<BTreeMap<u64, Pool>> = SpinLock::new(BTreeMap::new());
 /// Stream-ordered allocations: address → (size, pool).
 static POOL_ALLOCS: SpinLock<BTreeMap<u64, (u64, u64)>> = SpinLock::new(BTreeMap::new());
@@ -267,6 +268,9 @@ pub extern "C" fn gpushareFakeCudaUsedBytes() -> u64 {
 #[unsafe(no_mangle)]
 pub extern "C" fn cuInit(_flags: c_uint) -> CuResult {
     register_fork_handlers();
+    POOLS.with(|m| {
+        m.entry(DEFAULT_POOL).or_default();
+    });
     INIT.store(true, SeqCst);
     SUCCESS
 }
@@ -445,9 +449,6 @@ fn alloc_from_pool(pool: u64, size: u64) -> Result<u64, CuResult> {
         return Err(INVALID_VALUE);
     }
     POOLS.with(|m| {
-        if pool == DEFAULT_POOL {
-            m.entry(pool).or_default();
-        }
         let p = m
             .get_mut(&pool)
             .filter(|p| !p.destroyed)
@@ -470,25 +471,22 @@ fn alloc_from_pool(pool: u64, size: u64) -> Result<u64, CuResult> {
     Ok(handle)
 }
 
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemAllocFromPoolAsync(
-    dptr: *mut u64,
-    size: usize,
-    pool: *mut c_void,
-    _stream: *mut c_void,
-) -> CuResult {
-    out(dptr, alloc_from_pool(pool as u64, size as u64))
+/// `cuMemAllocFromPoolAsync` and its per-thread-stream twin.
+macro_rules! from_pool_allocs {
+    ($($name:ident),*) => {$(
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(
+            dptr: *mut u64,
+            size: usize,
+            pool: *mut c_void,
+            _stream: *mut c_void,
+        ) -> CuResult {
+            out(dptr, alloc_from_pool(pool as u64, size as u64))
+        }
+    )*};
 }
 
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemAllocFromPoolAsync_ptsz(
-    dptr: *mut u64,
-    size: usize,
-    pool: *mut c_void,
-    _stream: *mut c_void,
-) -> CuResult {
-    out(dptr, alloc_from_pool(pool as u64, size as u64))
-}
+from_pool_allocs!(cuMemAllocFromPoolAsync, cuMemAllocFromPoolAsync_ptsz);
 
 /// A stream-ordered allocation's free: its memory goes back to its pool, which keeps it (a
 /// destroyed pool lets it go).
@@ -605,9 +603,6 @@ pub unsafe extern "C" fn cuMemPoolSetAttribute(
     }
     let pool = pool as u64;
     POOLS.with(|m| {
-        if pool == DEFAULT_POOL {
-            m.entry(pool).or_default();
-        }
         let Some(p) = m.get_mut(&pool).filter(|p| !p.destroyed) else {
             return INVALID_VALUE;
         };
@@ -627,9 +622,6 @@ pub unsafe extern "C" fn cuMemPoolGetAttribute(
 ) -> CuResult {
     let pool = pool as u64;
     let read = POOLS.with(|m| {
-        if pool == DEFAULT_POOL {
-            m.entry(pool).or_default();
-        }
         let p = m.get(&pool).ok_or(INVALID_VALUE)?;
         Ok(match attr {
             POOL_ATTR_RELEASE_THRESHOLD => p.threshold,
@@ -657,7 +649,7 @@ pub extern "C" fn cuDeviceSetMemPool(dev: c_int, pool: *mut c_void) -> CuResult 
         return rc;
     }
     let pool = pool as u64;
-    if pool != DEFAULT_POOL && !POOLS.with(|m| m.get(&pool).is_some_and(|p| !p.destroyed)) {
+    if !POOLS.with(|m| m.get(&pool).is_some_and(|p| !p.destroyed)) {
         return INVALID_VALUE;
     }
     CURRENT_POOL.store(pool, SeqCst);

@@ -14,7 +14,8 @@
 //! pool), `pool-destroy`,
 //! `threshold:MiB` (the release threshold of that pool, else of device 0's default pool),
 //! `trim:MiB` (`cuMemPoolTrimTo` of the same), `sync` (`cuCtxSynchronize`),
-//! `ctx-destroy-v1` (the same through the pre-4.0 `cuCtxDestroy`), `ctx-destroy` (destroys `init`'s context and makes a new one current), `primary` (retains
+//! `ctx-destroy` (destroys `init`'s context and makes a new one current), `ctx-destroy-v1` (the
+//! same through the pre-4.0 `cuCtxDestroy`), `primary` (retains
 //! device 0's primary context and makes it current), `primary-release`, `primary-reset`,
 //! `smi`, `ready`, `wait` (blocks until a line or EOF on stdin), `sleep:MS`,
 //! `fork:STEP/STEP/…` (a child runs those steps, its lines prefixed `child `, and exits; the
