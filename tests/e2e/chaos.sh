@@ -2,11 +2,13 @@
 # Chaos test of `gpushare node` against real containerd 2, crictl and runc, with simulated GPUs.
 # 50 throttled busy containers (4 sim GPUs × 12-13, each 5 % and 512 MiB), then:
 #   1. the agent SIGKILLed 10 times at random points, some while a container creation is in
-#      flight: within 1 s nothing is frozen (the guardian thaws), the restarted agent's registry
-#      matches crictl, no container loses its GPU or quota, a creation cut short leaves a
+#      flight: what was frozen at the kill is thawed within 1 s (the guardian), the
+#      restarted agent's registry matches crictl, no container loses its GPU or quota, a creation cut short leaves a
 #      running container the agent adjusted and registered, one the runtime created without
 #      the agent that the restarted agent killed at its resync, or none;
-#   2. the agent and its guardian SIGKILLed together: the next agent start thaws at once;
+#   2. the agent and its guardian SIGKILLed together (the agent stopped first, so that it
+#      cannot start its guardian again): what was frozen stays so until the next agent
+#      start, which thaws at once;
 #   3. containerd restarted: the agent re-registers and its registry matches within 2 s;
 #   4. 200 concurrent GPU container creations beyond capacity: no NRI timeout, no GPU
 #      over-committed;
@@ -252,6 +254,7 @@ e2e_check "the throttled containers really get frozen (≥ 3/4 of $THROTTLED at 
 SURVIVED=0
 LEFT_FROZEN=0
 INFLIGHT=0
+FROZEN_AT_KILLS=0
 INFLIGHT_OUTCOMES=()
 KILLED_UNADJUSTED=0
 
@@ -341,6 +344,9 @@ for ((k = 1; k <= KILLS; k++)); do
         ms_sleep $((RANDOM % 400)) # create + start take 0.5-1 s here
     fi
     if [[ -n $job ]] && _e2e_alive "$job"; then inflight=1; fi
+    count_frozen
+    n0=$FROZEN_N
+    FROZEN_AT_KILLS=$((FROZEN_AT_KILLS + n0))
     kill -9 "$AGENT_PID" 2>/dev/null || echo "kill $k: the agent was already gone" >&2
     now_ms
     t_kill=$NOW_MS
@@ -354,7 +360,7 @@ for ((k = 1; k <= KILLS; k++)); do
     n1=$FROZEN_N
     LEFT_FROZEN=$((LEFT_FROZEN + n1))
     what="kill $k/$KILLS (${delay} ms after healthy${inflight:+, during a creation})"
-    e2e_check "$what: 1 s later no container is frozen ($n1 of ${#FZ_FILES[@]} frozen; all thawed after ${thaw_ms:-more than 1 s})" \
+    e2e_check "$what: 1 s later no container is frozen ($n1 of ${#FZ_FILES[@]} frozen, $n0 at the kill; all thawed after ${thaw_ms:-more than 1 s})" \
         none_frozen
     if [[ -n $job ]]; then
         rc=0
@@ -376,21 +382,48 @@ for ((k = 1; k <= KILLS; k++)); do
     if ((E2E_FAILED == failed0)); then SURVIVED=$((SURVIVED + 1)); fi
 done
 e2e_check "at least 2 of the kills hit a container creation in flight ($INFLIGHT)" test "$INFLIGHT" -ge 2
-echo "FIGURES kills survived: $SURVIVED/$KILLS, containers left frozen: $LEFT_FROZEN"
+e2e_check "the kills found containers frozen, for the guardian to thaw ($FROZEN_AT_KILLS over $KILLS kills)" \
+    test "$FROZEN_AT_KILLS" -ge "$KILLS"
+echo "FIGURES kills survived: $SURVIVED/$KILLS, containers left frozen: $LEFT_FROZEN (frozen at the kills: $FROZEN_AT_KILLS)"
 printf '    creation cut short: %s\n' "${INFLIGHT_OUTCOMES[@]}"
 echo "FIGURES creations cut short: $INFLIGHT in flight at the kill; $KILLED_UNADJUSTED created without the agent and killed at the resync"
 
 # ------------------------------------------ 3. the agent and its guardian SIGKILLed ----
 refresh_freezers
+# The agent restarted by the last kill may not have frozen anything yet (its first periods
+# after a start): wait for the controller to hold some frozen, so that what is left frozen
+# below is what the dead pair left, not what nobody had frozen.
+some_frozen() { # DEADLINE_MS
+    while :; do
+        count_frozen
+        now_ms
+        ((FROZEN_N == 0)) || return 0
+        ((NOW_MS < $1)) || return 1
+        sleep 0.02
+    done
+}
+now_ms
+t_wait=$NOW_MS
+some_frozen $((t_wait + 10000)) || true
+now_ms
+e2e_check "before the kill the controller holds containers frozen ($FROZEN_N of ${#FZ_FILES[@]}, $((NOW_MS - t_wait)) ms waited, $((NOW_MS - AGENT_T0)) ms after the agent started)" \
+    test "$FROZEN_N" -gt 0
 gpid=$(pgrep -P "$AGENT_PID" -f 'gpushare guardian' | head -1 || true)
 e2e_check "the agent's guardian runs beside it (pid ${gpid:-none})" test -n "$gpid"
 regs_thaw=$(grep -c 'thawed cgroups an earlier agent left frozen' "$E2E_ROOT/agent.log" || true)
-# The guardian first: killed second, it could still thaw on the agent's death.
+regs_respawn=$(grep -c 'starting it again' "$E2E_ROOT/agent.log" || true)
+# The guardian first: killed second, it could still thaw on the agent's death. The agent is
+# stopped before: its controller starts a dead guardian again, and a new one started between
+# the two kills (this shell preempted by the busy containers) would thaw everything.
 {
-    kill -9 ${gpid:+"$gpid"} "$AGENT_PID"
+    kill -STOP "$AGENT_PID"
+    kill -9 ${gpid:+"$gpid"}
+    kill -9 "$AGENT_PID"
     wait "$AGENT_PID" || true
     sleep 0.5
 } 2>/dev/null
+e2e_check "the killed agent started no guardian again (restarts logged: $regs_respawn before, $(grep -c 'starting it again' "$E2E_ROOT/agent.log" || true) after)" \
+    test "$(grep -c 'starting it again' "$E2E_ROOT/agent.log" || true)" -eq "$regs_respawn"
 AGENT_PID=
 count_frozen
 n_left=$FROZEN_N
