@@ -42,6 +42,22 @@ pub const CUDA_ERROR_NOT_PERMITTED: CuResult = 800;
 /// `CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT`: the memory a pool holds from the device.
 const POOL_ATTR_RESERVED_MEM_CURRENT: c_int = 5;
 
+/// `CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT`: the memory a device's graph allocator holds.
+const GRAPH_ATTR_RESERVED_MEM_CURRENT: c_int = 2;
+
+/// Device `dev`'s graph allocator (the memory of graphs' allocation nodes), booked like a pool
+/// under this key: never a pool's handle, which is an address.
+const GRAPH_KEY_BASE: u64 = 0xffff_fffe_0000_0000;
+
+fn graph_key(dev: CuDevice) -> u64 {
+    GRAPH_KEY_BASE | u64::from(dev as u32)
+}
+
+/// The device whose graph allocator `key` books, if it books one.
+fn graph_device(key: u64) -> Option<CuDevice> {
+    (key & !0xffff_ffff == GRAPH_KEY_BASE).then_some(key as u32 as CuDevice)
+}
+
 /// `CU_MEM_LOCATION_TYPE_DEVICE`.
 const LOCATION_DEVICE: c_uint = 1;
 
@@ -79,6 +95,26 @@ real!(R_MEM_POOL_TRIM_TO, c"cuMemPoolTrimTo");
 real!(R_MEM_POOL_DESTROY, c"cuMemPoolDestroy");
 real!(R_DEVICE_GET_MEM_POOL, c"cuDeviceGetMemPool");
 real!(R_STREAM_IS_CAPTURING, c"cuStreamIsCapturing");
+real!(
+    R_DEVICE_GET_GRAPH_MEM_ATTRIBUTE,
+    c"cuDeviceGetGraphMemAttribute"
+);
+real!(R_DEVICE_GRAPH_MEM_TRIM, c"cuDeviceGraphMemTrim");
+real!(R_GRAPH_ADD_MEM_ALLOC_NODE, c"cuGraphAddMemAllocNode");
+real!(R_GRAPH_ADD_MEM_FREE_NODE, c"cuGraphAddMemFreeNode");
+real!(
+    R_GRAPH_INSTANTIATE_WITH_PARAMS,
+    c"cuGraphInstantiateWithParams"
+);
+real!(
+    R_GRAPH_INSTANTIATE_WITH_PARAMS_PTSZ,
+    c"cuGraphInstantiateWithParams_ptsz"
+);
+real!(R_GRAPH_LAUNCH, c"cuGraphLaunch");
+real!(R_GRAPH_LAUNCH_PTSZ, c"cuGraphLaunch_ptsz");
+real!(R_GRAPH_UPLOAD, c"cuGraphUpload");
+real!(R_GRAPH_UPLOAD_PTSZ, c"cuGraphUpload_ptsz");
+real!(R_GRAPH_EXEC_DESTROY, c"cuGraphExecDestroy");
 real!(R_MEM_FREE_ASYNC, c"cuMemFreeAsync");
 real!(R_MEM_FREE_ASYNC_PTSZ, c"cuMemFreeAsync_ptsz");
 real!(R_MEM_CREATE, c"cuMemCreate");
@@ -228,16 +264,26 @@ fn read_pools(lim: &Limiter) -> u64 {
         .sum()
 }
 
-/// Reads what the driver holds in `pool` (as of `generation`) and counts that.
+/// Reads what the driver holds in `pool` (as of `generation`) and counts that: a pool's
+/// reserve, or a device's graph allocator's.
 fn read_pool(lim: &Limiter, pool: u64, generation: u64) -> u64 {
     let mut reserved = 0u64;
-    let rc = call_real!(
-        R_MEM_POOL_GET_ATTRIBUTE,
-        fn(CuMemPool, c_int, *mut u64),
-        pool as CuMemPool,
-        POOL_ATTR_RESERVED_MEM_CURRENT,
-        &mut reserved
-    );
+    let rc = match graph_device(pool) {
+        Some(dev) => call_real!(
+            R_DEVICE_GET_GRAPH_MEM_ATTRIBUTE,
+            fn(CuDevice, c_int, *mut u64),
+            dev,
+            GRAPH_ATTR_RESERVED_MEM_CURRENT,
+            &mut reserved
+        ),
+        None => call_real!(
+            R_MEM_POOL_GET_ATTRIBUTE,
+            fn(CuMemPool, c_int, *mut u64),
+            pool as CuMemPool,
+            POOL_ATTR_RESERVED_MEM_CURRENT,
+            &mut reserved
+        ),
+    };
     if rc != CUDA_SUCCESS {
         return 0;
     }
@@ -284,11 +330,17 @@ fn counted_alloc(
 /// Runs the real free and gives back what the handle counted (nothing for one we never
 /// counted: the count stays right whatever the program frees).
 fn counted_free(kind: Kind, key: u64, free: impl FnOnce() -> CuResult) -> CuResult {
+    free_counted(kind, key, false, free)
+}
+
+/// [`counted_free`]; `node`: the free is a graph's free node (captured, or added by hand),
+/// whose memory the graph allocator takes at the next launch: it stays counted until then.
+fn free_counted(kind: Kind, key: u64, node: bool, free: impl FnOnce() -> CuResult) -> CuResult {
     let taken = state::forget(kind, key);
     let rc = free();
     if let (Some(c), Some(lim)) = (taken, state::loaded_limiter()) {
         if rc == CUDA_SUCCESS && c.pool != 0 {
-            state::pool_freed(lim, c);
+            state::pool_freed(lim, c, node && graph_device(c.pool).is_some());
             read_pool_now(lim, c.pool);
         } else if rc == CUDA_SUCCESS {
             lim.release(c.pos, c.bytes);
@@ -350,7 +402,8 @@ pub unsafe extern "C" fn cuMemAllocManaged(
 const CAPTURE_STATUS_NONE: c_int = 0;
 
 /// Whether `stream` is being captured into a graph (its stream-ordered allocations then become
-/// graph nodes, not allocations from a pool). Not capturing if the driver cannot say.
+/// graph nodes, which take memory from the device's graph allocator when the graph is launched,
+/// not from a pool). Not capturing if the driver cannot say.
 fn capturing(stream: CuStream) -> bool {
     let mut status = CAPTURE_STATUS_NONE;
     let rc = call_real!(
@@ -375,11 +428,15 @@ fn current_pool(dev: CuDevice) -> u64 {
     if rc == CUDA_SUCCESS { pool as u64 } else { 0 }
 }
 
+/// Whether the driver says what its graph allocators hold (CUDA 11.4+, with graph memory
+/// nodes themselves).
+fn graph_memory_readable() -> bool {
+    !R_DEVICE_GET_GRAPH_MEM_ATTRIBUTE.addr().is_null()
+}
+
 /// A stream-ordered allocation from `pool` (given the current context's device; 0: unknown) by
-/// `forward`. What the pool keeps of
-/// earlier frees may serve it: that much is counted already and not reserved again. After the
-/// call, the pool is counted at what the driver says it holds (more, if it grew by more than
-/// the allocation).
+/// `forward`; on a captured stream, a graph's allocation node, booked under the device's graph
+/// allocator instead (see [`counted_pooled`]).
 fn alloc_pooled(
     dptr: *mut CuDevicePtr,
     bytesize: usize,
@@ -390,8 +447,9 @@ fn alloc_pooled(
     if dptr.is_null() || bytesize == 0 {
         return forward();
     }
-    if capturing(stream) {
-        // A graph node: counted as a plain allocation until freed.
+    let captured = capturing(stream);
+    if captured && !graph_memory_readable() {
+        // A graph node on a driver that cannot say what graphs hold: a plain count until freed.
         return alloc_device_ptr(dptr, bytesize, Owner::Own, forward);
     }
     let Some(lim) = limiter() else {
@@ -401,8 +459,28 @@ fn alloc_pooled(
         Ok(p) => p,
         Err(rc) => return rc,
     };
-    let pool = pool(dev);
-    let bytes = bytesize as u64;
+    let pool = if captured { graph_key(dev) } else { pool(dev) };
+    // SAFETY: dptr is non-null and the driver wrote it on success.
+    counted_pooled(lim, pos, pool, bytesize as u64, forward, || unsafe {
+        *dptr
+    })
+}
+
+/// Counts `bytes` from `pool` on GPU `pos` (a stream-ordered pool, or a device's graph
+/// allocator), runs the real allocation, records the address `written` reads. What the pool
+/// keeps of earlier frees may serve it: that much is counted already and not reserved again.
+/// After the call, the pool is counted at what the driver says it holds (more, if it grew by
+/// more than the allocation). A graph allocator holds nothing for a node until its graph is
+/// launched: the node stays counted at its size (what the launch will take) until freed, and
+/// the allocator at what it holds beyond its booked nodes.
+fn counted_pooled(
+    lim: &Limiter,
+    pos: usize,
+    pool: u64,
+    bytes: u64,
+    forward: impl FnOnce() -> CuResult,
+    written: impl FnOnce() -> CuDevicePtr,
+) -> CuResult {
     let took = state::pool_take_kept(pool, pos, bytes);
     if !reserve(lim, pos, bytes - took) {
         state::pool_untake_kept(pool, took);
@@ -418,8 +496,7 @@ fn alloc_pooled(
         pool,
         ..Counted::new(pos, bytes, 0)
     };
-    // SAFETY: dptr is non-null and the driver wrote it on success.
-    state::record_pooled(lim, unsafe { *dptr }, counted);
+    state::record_pooled(lim, written(), counted);
     read_pool_now(lim, pool);
     CUDA_SUCCESS
 }
@@ -537,6 +614,195 @@ pub unsafe extern "C" fn cuMemPoolDestroy(pool: CuMemPool) -> CuResult {
         state::pool_destroyed(lim, pool as u64);
     }
     rc
+}
+
+/// `CUDA_MEM_ALLOC_NODE_PARAMS_v1`: the pool properties (their location read, 88 bytes in
+/// all), the access descriptors, the size, and the address the driver writes.
+#[repr(C)]
+pub struct MemAllocNodeParams {
+    alloc_type: c_uint,
+    handle_types: c_uint,
+    location_type: c_uint,
+    location_id: c_int,
+    pool_props_rest: [u8; 72],
+    access_descs: *const c_void,
+    access_desc_count: usize,
+    bytesize: usize,
+    dptr: CuDevicePtr,
+}
+
+/// A graph's allocation node made by hand: counted like a captured stream's allocation, on the
+/// device its properties name (passed through uncounted for any other location).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGraphAddMemAllocNode(
+    node: *mut *mut c_void,
+    graph: *mut c_void,
+    deps: *const *mut c_void,
+    ndeps: usize,
+    params: *mut MemAllocNodeParams,
+) -> CuResult {
+    let forward = || {
+        call_real!(
+            R_GRAPH_ADD_MEM_ALLOC_NODE,
+            fn(*mut *mut c_void, *mut c_void, *const *mut c_void, usize, *mut MemAllocNodeParams),
+            node,
+            graph,
+            deps,
+            ndeps,
+            params
+        )
+    };
+    // SAFETY: the caller's parameters, or null (the driver answers that).
+    let Some(p) = (unsafe { params.as_ref() }) else {
+        return forward();
+    };
+    if p.bytesize == 0 || p.location_type != LOCATION_DEVICE {
+        return forward();
+    }
+    let Some(lim) = limiter() else {
+        return CUDA_ERROR_NOT_PERMITTED;
+    };
+    let dev = p.location_id;
+    let pos = match device_pos(lim, dev) {
+        Ok(p) => p,
+        Err(rc) => return rc,
+    };
+    let bytes = p.bytesize as u64;
+    // SAFETY: params is non-null and the driver wrote the address on success.
+    counted_pooled(lim, pos, graph_key(dev), bytes, forward, || unsafe {
+        (*params).dptr
+    })
+}
+
+/// A graph's free node: what the allocation counted goes back to its graph allocator, which
+/// takes it at the graph's launch and keeps it: counted until then, and then at what the
+/// allocator holds.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGraphAddMemFreeNode(
+    node: *mut *mut c_void,
+    graph: *mut c_void,
+    deps: *const *mut c_void,
+    ndeps: usize,
+    dptr: CuDevicePtr,
+) -> CuResult {
+    free_counted(Kind::DevicePtr, dptr, true, || {
+        call_real!(
+            R_GRAPH_ADD_MEM_FREE_NODE,
+            fn(*mut *mut c_void, *mut c_void, *const *mut c_void, usize, CuDevicePtr),
+            node,
+            graph,
+            deps,
+            ndeps,
+            dptr
+        )
+    })
+}
+
+/// Whether a call is a graph's launch (or upload), which ends the free nodes' pending counts.
+#[derive(PartialEq)]
+enum Launch {
+    Yes,
+    No,
+}
+
+/// Runs `forward` (a call after which a graph allocator may hold more or less: a launch, an
+/// upload, an instantiation that uploads, an executable graph's destruction, a trim) and
+/// counts what each device's graph allocator holds then; the current device's is booked
+/// first if it was not (a graph's memory made where we did not see it is counted too).
+fn graph_memory_changes(launch: Launch, forward: impl FnOnce() -> CuResult) -> CuResult {
+    let rc = forward();
+    if let Some(lim) = state::loaded_limiter()
+        && graph_memory_readable()
+    {
+        if launch == Launch::Yes && rc == CUDA_SUCCESS {
+            state::graphs_launched();
+        }
+        if let Ok((dev, pos)) = current_device().and_then(|d| Ok((d, device_pos(lim, d)?))) {
+            state::pool_book(graph_key(dev), pos);
+        }
+        for (pool, generation) in state::pools() {
+            if graph_device(pool).is_some() {
+                read_pool(lim, pool, generation);
+            }
+        }
+    }
+    rc
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGraphLaunch(exec: *mut c_void, stream: CuStream) -> CuResult {
+    graph_memory_changes(Launch::Yes, || {
+        call_real!(R_GRAPH_LAUNCH, fn(*mut c_void, CuStream), exec, stream)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGraphLaunch_ptsz(exec: *mut c_void, stream: CuStream) -> CuResult {
+    graph_memory_changes(Launch::Yes, || {
+        call_real!(R_GRAPH_LAUNCH_PTSZ, fn(*mut c_void, CuStream), exec, stream)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGraphUpload(exec: *mut c_void, stream: CuStream) -> CuResult {
+    graph_memory_changes(Launch::Yes, || {
+        call_real!(R_GRAPH_UPLOAD, fn(*mut c_void, CuStream), exec, stream)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGraphUpload_ptsz(exec: *mut c_void, stream: CuStream) -> CuResult {
+    graph_memory_changes(Launch::Yes, || {
+        call_real!(R_GRAPH_UPLOAD_PTSZ, fn(*mut c_void, CuStream), exec, stream)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGraphInstantiateWithParams(
+    exec: *mut *mut c_void,
+    graph: *mut c_void,
+    params: *mut c_void,
+) -> CuResult {
+    graph_memory_changes(Launch::No, || {
+        call_real!(
+            R_GRAPH_INSTANTIATE_WITH_PARAMS,
+            fn(*mut *mut c_void, *mut c_void, *mut c_void),
+            exec,
+            graph,
+            params
+        )
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGraphInstantiateWithParams_ptsz(
+    exec: *mut *mut c_void,
+    graph: *mut c_void,
+    params: *mut c_void,
+) -> CuResult {
+    graph_memory_changes(Launch::No, || {
+        call_real!(
+            R_GRAPH_INSTANTIATE_WITH_PARAMS_PTSZ,
+            fn(*mut *mut c_void, *mut c_void, *mut c_void),
+            exec,
+            graph,
+            params
+        )
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGraphExecDestroy(exec: *mut c_void) -> CuResult {
+    graph_memory_changes(Launch::No, || {
+        call_real!(R_GRAPH_EXEC_DESTROY, fn(*mut c_void), exec)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDeviceGraphMemTrim(dev: CuDevice) -> CuResult {
+    graph_memory_changes(Launch::No, || {
+        call_real!(R_DEVICE_GRAPH_MEM_TRIM, fn(CuDevice), dev)
+    })
 }
 
 /// Pitched allocation: the driver picks the pitch, so the estimate (width × height) is counted
@@ -697,16 +963,17 @@ pub unsafe extern "C" fn cuMemFree(dptr: CuDevicePtrV1) -> CuResult {
     })
 }
 
+/// On a captured stream, a free node of the graph.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemFreeAsync(dptr: CuDevicePtr, stream: CuStream) -> CuResult {
-    counted_free(Kind::DevicePtr, dptr, || {
+    free_counted(Kind::DevicePtr, dptr, capturing(stream), || {
         call_real!(R_MEM_FREE_ASYNC, fn(CuDevicePtr, CuStream), dptr, stream)
     })
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemFreeAsync_ptsz(dptr: CuDevicePtr, stream: CuStream) -> CuResult {
-    counted_free(Kind::DevicePtr, dptr, || {
+    free_counted(Kind::DevicePtr, dptr, capturing(stream), || {
         call_real!(
             R_MEM_FREE_ASYNC_PTSZ,
             fn(CuDevicePtr, CuStream),

@@ -31,7 +31,7 @@ macro_rules! hooks {
     };
 }
 
-static CUDA_HOOKS: [Hook; 40] = hooks![
+static CUDA_HOOKS: [Hook; 50] = hooks![
     R_MEM_ALLOC => cuMemAlloc_v2,
     R_MEM_ALLOC_PITCH => cuMemAllocPitch_v2,
     R_MEM_ALLOC_MANAGED => cuMemAllocManaged,
@@ -44,6 +44,16 @@ static CUDA_HOOKS: [Hook; 40] = hooks![
     R_MEM_FREE_ASYNC_PTSZ => cuMemFreeAsync_ptsz,
     R_MEM_POOL_TRIM_TO => cuMemPoolTrimTo,
     R_MEM_POOL_DESTROY => cuMemPoolDestroy,
+    R_GRAPH_ADD_MEM_ALLOC_NODE => cuGraphAddMemAllocNode,
+    R_GRAPH_ADD_MEM_FREE_NODE => cuGraphAddMemFreeNode,
+    R_GRAPH_LAUNCH => cuGraphLaunch,
+    R_GRAPH_LAUNCH_PTSZ => cuGraphLaunch_ptsz,
+    R_GRAPH_UPLOAD => cuGraphUpload,
+    R_GRAPH_UPLOAD_PTSZ => cuGraphUpload_ptsz,
+    R_GRAPH_INSTANTIATE_WITH_PARAMS => cuGraphInstantiateWithParams,
+    R_GRAPH_INSTANTIATE_WITH_PARAMS_PTSZ => cuGraphInstantiateWithParams_ptsz,
+    R_GRAPH_EXEC_DESTROY => cuGraphExecDestroy,
+    R_DEVICE_GRAPH_MEM_TRIM => cuDeviceGraphMemTrim,
     R_MEM_CREATE => cuMemCreate,
     R_MEM_RELEASE => cuMemRelease,
     R_MEM_MAP => cuMemMap,

@@ -461,6 +461,10 @@ pub(crate) struct PoolBook {
     /// Bumped at each allocation and free from the pool: a reading of the driver's reserve
     /// taken before one of them is not applied (it may miss what that changed).
     pub(crate) generation: u64,
+    /// A device's graph allocator only: what its free nodes gave back since the last launch.
+    /// The allocator takes that memory at the next launch, so it stays counted until then
+    /// (`kept` is never read below it).
+    pub(crate) pending: u64,
 }
 
 /// What the process holds: its allocations by kind and driver handle, and its VMM mappings by
@@ -648,6 +652,7 @@ pub(crate) fn pool_take_kept(pool: u64, pos: usize, bytes: u64) -> u64 {
         };
         let took = p.kept.min(bytes);
         p.kept -= took;
+        p.pending = p.pending.saturating_sub(took);
         p.generation += 1;
         took
     })
@@ -682,15 +687,44 @@ pub(crate) fn record_pooled(lim: &Limiter, key: u64, counted: Counted) {
     record(lim, Kind::DevicePtr, key, counted);
 }
 
+/// A graph was launched (or uploaded): what the free nodes gave back is the graph allocators'
+/// now, counted at what they hold (read next). Which graph the free nodes were in is not
+/// known: any launch ends every pending count.
+pub(crate) fn graphs_launched() {
+    TABLE.with(|b| {
+        for p in b.pools.values_mut() {
+            if p.pending > 0 {
+                p.pending = 0;
+                p.generation += 1;
+            }
+        }
+    });
+}
+
+/// Books `pool` on GPU `pos` if it is not booked (what the driver says it holds is then
+/// counted at the next reading).
+pub(crate) fn pool_book(pool: u64, pos: usize) {
+    TABLE.with(|b| {
+        b.pools.entry(pool).or_insert(PoolBook {
+            pos,
+            ..PoolBook::default()
+        });
+    });
+}
+
 /// A pool allocation was freed: its memory goes back to its pool, which keeps it (still
-/// counted) until the driver says it let it go. Given back at once if the pool is not booked.
-pub(crate) fn pool_freed(lim: &Limiter, c: Counted) {
+/// counted) until the driver says it let it go; `pending` (a graph's free node): until a
+/// launch, whatever the driver says. Given back at once if the pool is not booked.
+pub(crate) fn pool_freed(lim: &Limiter, c: Counted, pending: bool) {
     let booked = TABLE.with(|b| {
         let Some(p) = b.pools.get_mut(&c.pool).filter(|p| p.pos == c.pos) else {
             return false;
         };
         p.live = p.live.saturating_sub(c.bytes);
         p.kept += c.bytes;
+        if pending {
+            p.pending += c.bytes;
+        }
         p.generation += 1;
         true
     });
@@ -717,7 +751,7 @@ pub(crate) fn pool_reserved(lim: &Limiter, pool: u64, generation: u64, reserved:
             .pools
             .get_mut(&pool)
             .filter(|p| p.generation == generation)?;
-        let kept = reserved.saturating_sub(p.live);
+        let kept = reserved.saturating_sub(p.live).max(p.pending);
         let old = std::mem::replace(&mut p.kept, kept);
         Some((p.pos, old, kept))
     });

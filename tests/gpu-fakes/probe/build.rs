@@ -48,6 +48,16 @@ const SYMBOLS: &[&str] = &[
     "cuMemPoolTrimTo",
     "cuDeviceGetDefaultMemPool",
     "cuCtxSynchronize",
+    "cuStreamCreate",
+    "cuStreamBeginCapture_v2",
+    "cuStreamEndCapture",
+    "cuGraphCreate",
+    "cuGraphAddMemAllocNode",
+    "cuGraphAddMemFreeNode",
+    "cuGraphInstantiateWithFlags",
+    "cuGraphLaunch",
+    "cuGraphExecDestroy",
+    "cuDeviceGraphMemTrim",
 ];
 
 fn main() {

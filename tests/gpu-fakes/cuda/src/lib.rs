@@ -13,7 +13,11 @@
 //! allocations come from pools (device 0's default pool, `cuDeviceSetMemPool`,
 //! `cuMemPoolCreate`) that keep what is freed back to them until a synchronization
 //! (`cuCtxSynchronize`, `cuStreamSynchronize`) trims them to their release threshold, a
-//! `cuMemPoolTrimTo`, or their destruction.
+//! `cuMemPoolTrimTo`, or their destruction. A stream can be captured into a graph
+//! (`cuStreamBeginCapture`); graphs get memory nodes from captured stream-ordered allocations
+//! and frees or `cuGraphAddMemAllocNode`/`cuGraphAddMemFreeNode`, and take device memory for
+//! them when launched (or uploaded) from device 0's graph allocator, which keeps it until
+//! `cuDeviceGraphMemTrim` (`cuDeviceGetGraphMemAttribute` says how much it holds).
 //! `gpushareFakeCudaUsedBytes` tells a test what the "driver" holds;
 //! `gpushareFakeCudaSetAllocDelayUs` keeps every allocation inside the driver for a while and
 //! `gpushareFakeCudaAllocsInFlight` says how many are (for forking mid-allocation). Its own
@@ -433,12 +437,29 @@ macro_rules! device_ptr_allocs {
 device_ptr_allocs! {
     cuMemAlloc_v2() by alloc;
     cuMemAllocManaged(_flags: c_uint) by alloc;
-    cuMemAllocAsync(_stream: *mut c_void) by alloc_current_pool;
-    cuMemAllocAsync_ptsz(_stream: *mut c_void) by alloc_current_pool;
 }
 
-fn alloc_current_pool(size: u64) -> Result<u64, CuResult> {
-    alloc_from_pool(CURRENT_POOL.load(SeqCst), size)
+/// `cuMemAllocAsync` and its per-thread-stream twin: from the current pool, or a memory node
+/// of the graph a captured stream builds.
+macro_rules! async_allocs {
+    ($($name:ident),*) => {$(
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(dptr: *mut u64, size: usize, stream: *mut c_void) -> CuResult {
+            out(dptr, alloc_on(stream, size as u64, CURRENT_POOL.load(SeqCst)))
+        }
+    )*};
+}
+
+async_allocs!(cuMemAllocAsync, cuMemAllocAsync_ptsz);
+
+/// A stream-ordered allocation on `stream`: a memory node of the graph it is captured into,
+/// else from `pool`.
+fn alloc_on(stream: *mut c_void, size: u64, pool: u64) -> Result<u64, CuResult> {
+    ready()?;
+    match CAPTURES.with(|m| m.get(&(stream as u64)).copied()) {
+        Some(graph) => graph_alloc_node(graph, size),
+        None => alloc_from_pool(pool, size),
+    }
 }
 
 /// A stream-ordered allocation from `pool`: taken from what the pool keeps, the pool growing by
@@ -479,9 +500,9 @@ macro_rules! from_pool_allocs {
             dptr: *mut u64,
             size: usize,
             pool: *mut c_void,
-            _stream: *mut c_void,
+            stream: *mut c_void,
         ) -> CuResult {
-            out(dptr, alloc_from_pool(pool as u64, size as u64))
+            out(dptr, alloc_on(stream, size as u64, pool as u64))
         }
     )*};
 }
@@ -680,7 +701,7 @@ pub unsafe extern "C" fn cuMemAllocPitch_v2(
 #[unsafe(no_mangle)]
 pub extern "C" fn cuMemFree_v2(dptr: u64) -> CuResult {
     if ready().is_ok()
-        && let Some(rc) = pool_free(dptr)
+        && let Some(rc) = pool_free(dptr).or_else(|| graph_free(dptr))
     {
         return rc;
     }
@@ -721,22 +742,310 @@ pub extern "C" fn cuMemFree(dptr: u32) -> CuResult {
 }
 
 #[unsafe(no_mangle)]
-pub extern "C" fn cuMemFreeAsync(dptr: u64, _stream: *mut c_void) -> CuResult {
-    free_async(dptr)
+pub extern "C" fn cuMemFreeAsync(dptr: u64, stream: *mut c_void) -> CuResult {
+    free_async(dptr, stream)
 }
 
 /// The exported entry points call each other only through functions like this one: a
-/// preloaded library interposes the exported names.
-fn free_async(dptr: u64) -> CuResult {
+/// preloaded library interposes the exported names. On a captured stream, a free node of its
+/// graph.
+fn free_async(dptr: u64, stream: *mut c_void) -> CuResult {
     if let Err(rc) = ready() {
         return rc;
     }
-    pool_free(dptr).unwrap_or(INVALID_VALUE)
+    if let Some(graph) = CAPTURES.with(|m| m.get(&(stream as u64)).copied()) {
+        return graph_free_node(graph, dptr);
+    }
+    pool_free(dptr)
+        .or_else(|| graph_free(dptr))
+        .unwrap_or(INVALID_VALUE)
 }
 
 #[unsafe(no_mangle)]
-pub extern "C" fn cuMemFreeAsync_ptsz(dptr: u64, _stream: *mut c_void) -> CuResult {
-    free_async(dptr)
+pub extern "C" fn cuMemFreeAsync_ptsz(dptr: u64, stream: *mut c_void) -> CuResult {
+    free_async(dptr, stream)
+}
+
+/// Graphs by handle: their memory nodes. A graph's allocations get addresses when the nodes
+/// are made and device memory only when it is launched (or uploaded): from device 0's graph
+/// allocator, which keeps what it took (for the next launches) until `cuDeviceGraphMemTrim`.
+static GRAPHS: SpinLock<BTreeMap<u64, Graph>> = SpinLock::new(BTreeMap::new());
+/// Instantiated graphs: their graph's memory nodes as at instantiation.
+static EXECS: SpinLock<BTreeMap<u64, Graph>> = SpinLock::new(BTreeMap::new());
+/// Streams being captured, and the graph each builds.
+static CAPTURES: SpinLock<BTreeMap<u64, u64>> = SpinLock::new(BTreeMap::new());
+/// Device 0's graph allocator.
+static GRAPH_MEM: SpinLock<GraphMem> = SpinLock::new(GraphMem {
+    reserved: 0,
+    live: BTreeMap::new(),
+});
+static NEXT_GRAPH: AtomicU64 = AtomicU64::new(0x9000);
+/// Graph allocations' addresses.
+static NEXT_GRAPH_VA: AtomicU64 = AtomicU64::new(0x5000_0000_0000);
+
+#[derive(Clone, Default)]
+struct Graph {
+    /// Allocation nodes: address, size.
+    allocs: Vec<(u64, u64)>,
+    /// Free nodes: addresses.
+    frees: Vec<u64>,
+}
+
+struct GraphMem {
+    /// What it holds from the device (counted in `USED`).
+    reserved: u64,
+    /// Launched graphs' allocations not freed in their graph: address → size, until freed.
+    live: BTreeMap<u64, u64>,
+}
+
+/// `CUgraphMem_attribute` values.
+const GRAPH_ATTR_USED_MEM_CURRENT: c_int = 0;
+const GRAPH_ATTR_RESERVED_MEM_CURRENT: c_int = 2;
+
+/// `CUDA_MEM_ALLOC_NODE_PARAMS_v1`: the pool properties (88 bytes), access descriptors, size,
+/// and the address the driver writes.
+#[repr(C)]
+pub struct MemAllocNodeParams {
+    pub pool_props: [u8; 88],
+    pub access_descs: *const c_void,
+    pub access_desc_count: usize,
+    pub bytesize: usize,
+    pub dptr: u64,
+}
+
+fn graph_alloc_node(graph: u64, size: u64) -> Result<u64, CuResult> {
+    if size == 0 {
+        return Err(INVALID_VALUE);
+    }
+    let va = NEXT_GRAPH_VA.fetch_add(size.div_ceil(1 << 21) << 21, SeqCst);
+    GRAPHS.with(|m| {
+        m.get_mut(&graph)
+            .map(|g| g.allocs.push((va, size)))
+            .ok_or(INVALID_VALUE)
+    })?;
+    Ok(va)
+}
+
+fn graph_free_node(graph: u64, dptr: u64) -> CuResult {
+    GRAPHS.with(|m| match m.get_mut(&graph) {
+        Some(g) => {
+            g.frees.push(dptr);
+            SUCCESS
+        }
+        None => INVALID_VALUE,
+    })
+}
+
+/// A launched graph's allocation freed outside it: back to the graph allocator, which keeps it.
+fn graph_free(dptr: u64) -> Option<CuResult> {
+    GRAPH_MEM.with(|g| g.live.remove(&dptr)).map(|_| SUCCESS)
+}
+
+/// A launch (or upload) of `exec`: the graph allocator grows to hold what is live and every
+/// allocation of the graph at once; those the graph does not free stay live after it.
+fn graph_run(exec: u64, launch: bool) -> CuResult {
+    if let Err(rc) = ready() {
+        return rc;
+    }
+    let Some(nodes) = EXECS.with(|m| m.get(&exec).cloned()) else {
+        return INVALID_VALUE;
+    };
+    GRAPH_MEM.with(|g| {
+        if nodes.allocs.iter().any(|(va, _)| g.live.contains_key(va)) {
+            return INVALID_VALUE; // launched again before its allocations were freed
+        }
+        let need = g.live.values().sum::<u64>() + nodes.allocs.iter().map(|a| a.1).sum::<u64>();
+        let grow = need.saturating_sub(g.reserved);
+        if USED
+            .fetch_update(SeqCst, SeqCst, |u| {
+                u.checked_add(grow).filter(|&n| n <= TOTAL)
+            })
+            .is_err()
+        {
+            return OUT_OF_MEMORY;
+        }
+        g.reserved += grow;
+        if launch {
+            for &(va, size) in &nodes.allocs {
+                if !nodes.frees.contains(&va) {
+                    g.live.insert(va, size);
+                }
+            }
+        }
+        SUCCESS
+    })
+}
+
+/// Streams are handles only here (work runs at once).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamCreate(stream: *mut u64, _flags: c_uint) -> CuResult {
+    out(stream, ready().map(|()| NEXT_GRAPH.fetch_add(1, SeqCst)))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuStreamBeginCapture(stream: *mut c_void) -> CuResult {
+    begin_capture(stream)
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuStreamBeginCapture_v2(stream: *mut c_void, _mode: c_int) -> CuResult {
+    begin_capture(stream)
+}
+
+fn begin_capture(stream: *mut c_void) -> CuResult {
+    if let Err(rc) = ready() {
+        return rc;
+    }
+    let graph = NEXT_GRAPH.fetch_add(1, SeqCst);
+    GRAPHS.with(|m| m.insert(graph, Graph::default()));
+    let fresh = CAPTURES.with(|m| m.insert(stream as u64, graph).is_none());
+    if fresh { SUCCESS } else { INVALID_VALUE }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamIsCapturing(stream: *mut c_void, status: *mut c_int) -> CuResult {
+    let capturing = CAPTURES.with(|m| m.contains_key(&(stream as u64)));
+    out(status, ready().map(|()| c_int::from(capturing)))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamEndCapture(stream: *mut c_void, graph: *mut u64) -> CuResult {
+    out(
+        graph,
+        ready().and_then(|()| {
+            CAPTURES
+                .with(|m| m.remove(&(stream as u64)))
+                .ok_or(INVALID_VALUE)
+        }),
+    )
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGraphCreate(graph: *mut u64, _flags: c_uint) -> CuResult {
+    out(
+        graph,
+        ready().map(|()| {
+            let g = NEXT_GRAPH.fetch_add(1, SeqCst);
+            GRAPHS.with(|m| m.insert(g, Graph::default()));
+            g
+        }),
+    )
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuGraphDestroy(graph: u64) -> CuResult {
+    match GRAPHS.with(|m| m.remove(&graph)) {
+        Some(_) => SUCCESS,
+        None => INVALID_VALUE,
+    }
+}
+
+/// Ignores the pool properties (device 0's) and the dependencies.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGraphAddMemAllocNode(
+    node: *mut u64,
+    graph: u64,
+    _deps: *const u64,
+    _ndeps: usize,
+    params: *mut MemAllocNodeParams,
+) -> CuResult {
+    if params.is_null() {
+        return INVALID_VALUE;
+    }
+    // SAFETY: checked non-null; the caller's parameters.
+    let params = unsafe { &mut *params };
+    match ready().and_then(|()| graph_alloc_node(graph, params.bytesize as u64)) {
+        Ok(va) => {
+            params.dptr = va;
+            out(node, Ok(va))
+        }
+        Err(rc) => rc,
+    }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGraphAddMemFreeNode(
+    node: *mut u64,
+    graph: u64,
+    _deps: *const u64,
+    _ndeps: usize,
+    dptr: u64,
+) -> CuResult {
+    match ready().map(|()| graph_free_node(graph, dptr)) {
+        Ok(SUCCESS) => out(node, Ok(dptr | 1)),
+        Ok(rc) | Err(rc) => rc,
+    }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGraphInstantiateWithFlags(
+    exec: *mut u64,
+    graph: u64,
+    _flags: u64,
+) -> CuResult {
+    out(
+        exec,
+        ready().and_then(|()| {
+            let nodes = GRAPHS
+                .with(|m| m.get(&graph).cloned())
+                .ok_or(INVALID_VALUE)?;
+            let e = NEXT_GRAPH.fetch_add(1, SeqCst);
+            EXECS.with(|m| m.insert(e, nodes));
+            Ok(e)
+        }),
+    )
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuGraphLaunch(exec: u64, _stream: *mut c_void) -> CuResult {
+    graph_run(exec, true)
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuGraphLaunch_ptsz(exec: u64, _stream: *mut c_void) -> CuResult {
+    graph_run(exec, true)
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuGraphUpload(exec: u64, _stream: *mut c_void) -> CuResult {
+    graph_run(exec, false)
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuGraphExecDestroy(exec: u64) -> CuResult {
+    match EXECS.with(|m| m.remove(&exec)) {
+        Some(_) => SUCCESS,
+        None => INVALID_VALUE,
+    }
+}
+
+/// The graph allocator lets go of what no live allocation uses.
+#[unsafe(no_mangle)]
+pub extern "C" fn cuDeviceGraphMemTrim(dev: c_int) -> CuResult {
+    if let Err(rc) = device_ready(dev) {
+        return rc;
+    }
+    GRAPH_MEM.with(|g| {
+        let target = g.live.values().sum::<u64>();
+        USED.fetch_sub(g.reserved - target, SeqCst);
+        g.reserved = target;
+    });
+    SUCCESS
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDeviceGetGraphMemAttribute(
+    dev: c_int,
+    attr: c_int,
+    value: *mut u64,
+) -> CuResult {
+    let (reserved, live) = GRAPH_MEM.with(|g| (g.reserved, g.live.values().sum::<u64>()));
+    let v = match attr {
+        GRAPH_ATTR_USED_MEM_CURRENT => live,
+        GRAPH_ATTR_RESERVED_MEM_CURRENT => reserved,
+        _ => return INVALID_VALUE,
+    };
+    on_device(value, dev, v)
 }
 
 /// VMM: device-located handles take device memory; host-located ones take none here.
@@ -1086,6 +1395,22 @@ fn entry(name: &[u8]) -> Option<*mut c_void> {
         b"cuMemFree_v2" => cuMemFree_v2 as *mut c_void,
         b"cuMemFreeAsync" => cuMemFreeAsync as *mut c_void,
         b"cuMemFreeAsync_ptsz" => cuMemFreeAsync_ptsz as *mut c_void,
+        b"cuStreamCreate" => cuStreamCreate as *mut c_void,
+        b"cuStreamBeginCapture" => cuStreamBeginCapture as *mut c_void,
+        b"cuStreamBeginCapture_v2" => cuStreamBeginCapture_v2 as *mut c_void,
+        b"cuStreamIsCapturing" => cuStreamIsCapturing as *mut c_void,
+        b"cuStreamEndCapture" => cuStreamEndCapture as *mut c_void,
+        b"cuGraphCreate" => cuGraphCreate as *mut c_void,
+        b"cuGraphDestroy" => cuGraphDestroy as *mut c_void,
+        b"cuGraphAddMemAllocNode" => cuGraphAddMemAllocNode as *mut c_void,
+        b"cuGraphAddMemFreeNode" => cuGraphAddMemFreeNode as *mut c_void,
+        b"cuGraphInstantiateWithFlags" => cuGraphInstantiateWithFlags as *mut c_void,
+        b"cuGraphLaunch" => cuGraphLaunch as *mut c_void,
+        b"cuGraphLaunch_ptsz" => cuGraphLaunch_ptsz as *mut c_void,
+        b"cuGraphUpload" => cuGraphUpload as *mut c_void,
+        b"cuGraphExecDestroy" => cuGraphExecDestroy as *mut c_void,
+        b"cuDeviceGraphMemTrim" => cuDeviceGraphMemTrim as *mut c_void,
+        b"cuDeviceGetGraphMemAttribute" => cuDeviceGetGraphMemAttribute as *mut c_void,
         b"cuMemCreate" => cuMemCreate as *mut c_void,
         b"cuMemRelease" => cuMemRelease as *mut c_void,
         b"cuMemMap" => cuMemMap as *mut c_void,
@@ -1112,11 +1437,12 @@ fn entry(name: &[u8]) -> Option<*mut c_void> {
 }
 
 /// Names whose `_v2` variant came later, and the version it came with (earlier versions get the
-/// first variant, which this driver does not have).
+/// first variant, which this driver has only for `cuStreamBeginCapture`).
 const V2_FROM_LATER: &[(&[u8], c_int)] = &[
     (b"cuCtxDestroy", 4000),
     (b"cuDevicePrimaryCtxRelease", 11000),
     (b"cuDevicePrimaryCtxReset", 11000),
+    (b"cuStreamBeginCapture", 10010),
 ];
 
 /// Names that have a `_v2` variant from CUDA 3.2 (3020).

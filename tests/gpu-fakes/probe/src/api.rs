@@ -14,6 +14,11 @@
 //! pool), `pool-destroy`,
 //! `threshold:MiB` (the release threshold of that pool, else of device 0's default pool),
 //! `trim:MiB` (`cuMemPoolTrimTo` of the same), `sync` (`cuCtxSynchronize`),
+//! `capture` / `capture-end` (the probe's own stream captured into a graph),
+//! `stream-async:MiB` (`cuMemAllocAsync` on that stream; its `free:N` is `cuMemFreeAsync` on it),
+//! `graph-new` (an empty graph), `graph-alloc:MiB` (an allocation node of that graph; its
+//! `free:N` adds a free node), `graph-launch` (instantiates the graph the first time, then
+//! launches it on the stream), `graph-exec-destroy`, `graph-trim` (`cuDeviceGraphMemTrim`),
 //! `ctx-destroy` (destroys `init`'s context and makes a new one current), `ctx-destroy-v1` (the
 //! same through the pre-4.0 `cuCtxDestroy`), `primary` (retains
 //! device 0's primary context and makes it current), `primary-release`, `primary-reset`,
@@ -64,6 +69,7 @@ pub struct Cuda {
     pub mipmap_create: unsafe extern "C" fn(*mut u64, *const Array3dDesc, c_uint) -> CuResult,
     pub mipmap_destroy: unsafe extern "C" fn(u64) -> CuResult,
     pub pools: Pools,
+    pub graphs: Graphs,
     /// The pre-3.2 entry points, if the driver has them all.
     pub legacy: Option<Legacy>,
 }
@@ -101,6 +107,77 @@ impl Pools {
             ctx_synchronize: get!(c"cuCtxSynchronize"),
         }
     }
+}
+
+/// Streams, their capture into graphs, and graphs' memory nodes.
+#[derive(Clone, Copy)]
+pub struct Graphs {
+    pub stream_create: unsafe extern "C" fn(*mut *mut c_void, c_uint) -> CuResult,
+    pub begin_capture: unsafe extern "C" fn(*mut c_void, c_int) -> CuResult,
+    pub end_capture: unsafe extern "C" fn(*mut c_void, *mut *mut c_void) -> CuResult,
+    pub create: unsafe extern "C" fn(*mut *mut c_void, c_uint) -> CuResult,
+    pub add_alloc_node: unsafe extern "C" fn(
+        *mut *mut c_void,
+        *mut c_void,
+        *const *mut c_void,
+        usize,
+        *mut MemAllocNodeParams,
+    ) -> CuResult,
+    pub add_free_node: unsafe extern "C" fn(
+        *mut *mut c_void,
+        *mut c_void,
+        *const *mut c_void,
+        usize,
+        u64,
+    ) -> CuResult,
+    pub instantiate: unsafe extern "C" fn(*mut *mut c_void, *mut c_void, u64) -> CuResult,
+    pub launch: unsafe extern "C" fn(*mut c_void, *mut c_void) -> CuResult,
+    pub exec_destroy: unsafe extern "C" fn(*mut c_void) -> CuResult,
+    pub mem_trim: unsafe extern "C" fn(c_int) -> CuResult,
+}
+
+impl Graphs {
+    /// Resolves each by name through `resolve`; `versioned`: base names (the resolver picks
+    /// `cuStreamBeginCapture_v2`), else that one by its exact name.
+    pub fn resolve(resolve: Resolve, versioned: bool) -> Graphs {
+        macro_rules! get {
+            ($name:expr) => {{
+                let name: &CStr = $name;
+                let p = resolve(name);
+                if p.is_null() {
+                    fail(&format!("cannot resolve {name:?}"));
+                }
+                // SAFETY: the symbol's C signature is the field's type.
+                unsafe { std::mem::transmute::<*mut c_void, _>(p) }
+            }};
+        }
+        Graphs {
+            stream_create: get!(c"cuStreamCreate"),
+            begin_capture: get!(if versioned {
+                c"cuStreamBeginCapture"
+            } else {
+                c"cuStreamBeginCapture_v2"
+            }),
+            end_capture: get!(c"cuStreamEndCapture"),
+            create: get!(c"cuGraphCreate"),
+            add_alloc_node: get!(c"cuGraphAddMemAllocNode"),
+            add_free_node: get!(c"cuGraphAddMemFreeNode"),
+            instantiate: get!(c"cuGraphInstantiateWithFlags"),
+            launch: get!(c"cuGraphLaunch"),
+            exec_destroy: get!(c"cuGraphExecDestroy"),
+            mem_trim: get!(c"cuDeviceGraphMemTrim"),
+        }
+    }
+}
+
+/// `CUDA_MEM_ALLOC_NODE_PARAMS_v1`: pool properties, access descriptors, size, address.
+#[repr(C)]
+pub struct MemAllocNodeParams {
+    pub pool_props: PoolProps,
+    pub access_descs: *const c_void,
+    pub access_desc_count: usize,
+    pub bytesize: usize,
+    pub dptr: u64,
 }
 
 /// The legacy (pre-3.2) entry points: `unsigned int` sizes, 32-bit `CUdeviceptr_v1`.
@@ -184,10 +261,11 @@ pub struct Array3dDescV1 {
 }
 
 macro_rules! resolve_all {
-    ($resolve:expr, legacy = $legacy:expr, $($field:ident = $name:literal),* $(,)?) => {{
+    ($resolve:expr, $versioned:expr, legacy = $legacy:expr, $($field:ident = $name:literal),* $(,)?) => {{
         Cuda {
             legacy: $legacy,
             pools: Pools::resolve($resolve),
+            graphs: Graphs::resolve($resolve, $versioned),
             $($field: {
                 let p = $resolve($name);
                 if p.is_null() {
@@ -236,6 +314,7 @@ impl Cuda {
         if versioned {
             resolve_all!(
                 resolve,
+                versioned,
                 legacy = legacy,
                 init = c"cuInit",
                 device_get = c"cuDeviceGet",
@@ -268,6 +347,7 @@ impl Cuda {
         } else {
             resolve_all!(
                 resolve,
+                versioned,
                 legacy = legacy,
                 init = c"cuInit",
                 device_get = c"cuDeviceGet",
@@ -325,6 +405,10 @@ pub fn dlsym(handle: *mut c_void, name: &CStr) -> *mut c_void {
 enum Held {
     Ptr(u64),
     Async(u64),
+    /// A stream-ordered allocation on the probe's stream (a graph's node while captured).
+    OnStream(u64),
+    /// A graph's allocation node made by hand (freed by a free node).
+    Node(u64),
     Vmm(u64),
     Array(u64),
     Mipmap(u64),
@@ -371,6 +455,34 @@ fn step_pool(cuda: &Cuda) -> *mut c_void {
         fail(&format!("cuDeviceGetDefaultMemPool rc={rc}"));
     }
     pool
+}
+
+/// The stream the graph steps capture (made at the first), the graph they build, and its
+/// executable graph (0: none yet).
+static STREAM: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+static GRAPH: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+static EXEC: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+fn handle(h: &std::sync::atomic::AtomicUsize) -> *mut c_void {
+    std::ptr::without_provenance_mut(h.load(std::sync::atomic::Ordering::Relaxed))
+}
+
+fn set_handle(h: &std::sync::atomic::AtomicUsize, p: *mut c_void) {
+    h.store(p as usize, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// The probe's stream, made on first use.
+fn step_stream(cuda: &Cuda) -> *mut c_void {
+    if handle(&STREAM).is_null() {
+        let mut s = std::ptr::null_mut();
+        // SAFETY: a valid out-pointer.
+        let rc = unsafe { (cuda.graphs.stream_create)(&mut s, 0) };
+        if rc != 0 {
+            fail(&format!("cuStreamCreate rc={rc}"));
+        }
+        set_handle(&STREAM, s);
+    }
+    handle(&STREAM)
 }
 
 /// The context `init` (or `ctx-destroy`) created.
@@ -554,6 +666,86 @@ fn run_steps(cuda: &Cuda, steps: &[String], held: &mut Vec<Held>, prefix: &str) 
                 let rc = unsafe { (cuda.pools.ctx_synchronize)() };
                 format!("sync rc={rc}")
             }
+            "capture" => {
+                // SAFETY: the probe's stream; CU_STREAM_CAPTURE_MODE_GLOBAL.
+                let rc = unsafe { (cuda.graphs.begin_capture)(step_stream(cuda), 0) };
+                format!("capture rc={rc}")
+            }
+            "capture-end" => {
+                let mut g = std::ptr::null_mut();
+                // SAFETY: the probe's stream and a valid out-pointer.
+                let rc = unsafe { (cuda.graphs.end_capture)(step_stream(cuda), &mut g) };
+                set_handle(&GRAPH, g);
+                format!("capture-end rc={rc}")
+            }
+            "graph-new" => {
+                let mut g = std::ptr::null_mut();
+                // SAFETY: a valid out-pointer.
+                let rc = unsafe { (cuda.graphs.create)(&mut g, 0) };
+                set_handle(&GRAPH, g);
+                format!("graph-new rc={rc}")
+            }
+            "stream-async" => {
+                let bytes = num(parts.next()) * MIB;
+                let mut p = 0u64;
+                // SAFETY: a valid out-pointer and the probe's stream.
+                let rc = unsafe { (cuda.alloc_async)(&mut p, bytes, step_stream(cuda)) };
+                hold(held, rc, Held::OnStream(p), op)
+            }
+            "graph-alloc" => {
+                let mut params = MemAllocNodeParams {
+                    pool_props: PoolProps {
+                        alloc_type: 1,
+                        handle_types: 0,
+                        location_type: 1,
+                        location_id: 0,
+                        rest: [0; 72],
+                    },
+                    access_descs: std::ptr::null(),
+                    access_desc_count: 0,
+                    bytesize: num(parts.next()) * MIB,
+                    dptr: 0,
+                };
+                let mut node = std::ptr::null_mut();
+                // SAFETY: the graph `graph-new` made, no dependencies, valid parameters.
+                let rc = unsafe {
+                    (cuda.graphs.add_alloc_node)(
+                        &mut node,
+                        handle(&GRAPH),
+                        std::ptr::null(),
+                        0,
+                        &mut params,
+                    )
+                };
+                hold(held, rc, Held::Node(params.dptr), op)
+            }
+            "graph-launch" => {
+                // SAFETY: the graph the steps built, its executable graph, the probe's stream.
+                let rc = unsafe {
+                    let mut rc = 0;
+                    if handle(&EXEC).is_null() {
+                        let mut e = std::ptr::null_mut();
+                        rc = (cuda.graphs.instantiate)(&mut e, handle(&GRAPH), 0);
+                        set_handle(&EXEC, e);
+                    }
+                    if rc == 0 {
+                        rc = (cuda.graphs.launch)(handle(&EXEC), step_stream(cuda));
+                    }
+                    rc
+                };
+                format!("graph-launch rc={rc}")
+            }
+            "graph-exec-destroy" => {
+                // SAFETY: the executable graph `graph-launch` made.
+                let rc = unsafe { (cuda.graphs.exec_destroy)(handle(&EXEC)) };
+                set_handle(&EXEC, std::ptr::null_mut());
+                format!("graph-exec-destroy rc={rc}")
+            }
+            "graph-trim" => {
+                // SAFETY: a plain device ordinal.
+                let rc = unsafe { (cuda.graphs.mem_trim)(0) };
+                format!("graph-trim rc={rc}")
+            }
             "pitch" => {
                 let (w, h) = (num(parts.next()), num(parts.next()));
                 let (mut p, mut pitch) = (0u64, 0usize);
@@ -707,6 +899,17 @@ fn run_steps(cuda: &Cuda, steps: &[String], held: &mut Vec<Held>, prefix: &str) 
                     match h {
                         Held::Ptr(p) => (cuda.free)(p),
                         Held::Async(p) => (cuda.free_async)(p, std::ptr::null_mut()),
+                        Held::OnStream(p) => (cuda.free_async)(p, step_stream(cuda)),
+                        Held::Node(p) => {
+                            let mut node = std::ptr::null_mut();
+                            (cuda.graphs.add_free_node)(
+                                &mut node,
+                                handle(&GRAPH),
+                                std::ptr::null(),
+                                0,
+                                p,
+                            )
+                        }
                         Held::Vmm(v) => (cuda.mem_release)(v),
                         Held::Array(a) => (cuda.array_destroy)(a),
                         Held::Mipmap(m) => (cuda.mipmap_destroy)(m),

@@ -489,6 +489,115 @@ fn what_a_memory_pool_keeps_stays_counted_until_the_driver_lets_it_go() {
     );
 }
 
+/// A graph's memory: a captured stream-ordered allocation (or an allocation node made by hand)
+/// takes no memory until the graph is launched, and the device's graph allocator then keeps
+/// what the graph took (for its next launches) until a trim, freed in the graph or not. Each
+/// node is counted at its size until freed; a free node's memory until the next launch (which
+/// takes it); the graph allocator at what the driver says it holds beyond the live nodes (read
+/// after each launch, upload, executable graph's destruction and trim). So a graph cannot take
+/// memory the quota has given elsewhere. Before, a captured allocation freed in its graph gave
+/// its count back at capture, the launch's memory was never counted, and `alloc:1024` before
+/// and after the launch succeeded: 2,560 then 3,584 MiB on a 2,048 MiB quota.
+#[test]
+fn what_a_graph_takes_when_launched_stays_counted_until_trimmed() {
+    expect_on_every_cuda_path(
+        TWO_GIB,
+        &[
+            "init",
+            "capture",
+            "stream-async:1536",
+            // Counted at its size while the graph is built: what its launch will take.
+            "alloc:1024",
+            "driver-used",
+            // Freed in the graph: still what the launch will take.
+            "free:0",
+            "capture-end",
+            "info",
+            "alloc:1024",
+            // The launch takes 1.5 GiB, which the graph allocator keeps.
+            "graph-launch",
+            "driver-used",
+            "info",
+            "alloc:1024",
+            "graph-launch",
+            "graph-exec-destroy",
+            "driver-used",
+            "info",
+            // A trim lets it go.
+            "graph-trim",
+            "driver-used",
+            "info",
+            // Not freed in its graph: live after the launch; freed after it, kept by the graph
+            // allocator until a trim.
+            "capture",
+            "stream-async:1024",
+            "capture-end",
+            "graph-launch",
+            "driver-used",
+            "info",
+            "free:1",
+            "info",
+            "graph-trim",
+            "driver-used",
+            "info",
+            // An allocation node made by hand.
+            "graph-exec-destroy",
+            "graph-new",
+            "graph-alloc:1024",
+            "alloc:1536",
+            "graph-launch",
+            "driver-used",
+            "info",
+            "alloc:1024",
+            "alloc:512",
+            "driver-used",
+        ],
+        &[
+            "init rc=0",
+            "capture rc=0",
+            "stream-async rc=0 id=0",
+            "alloc rc=2",
+            "driver-used mib=0",
+            "free rc=0",
+            "capture-end rc=0",
+            "info rc=0 free_mib=512 total_mib=2048",
+            "alloc rc=2",
+            "graph-launch rc=0",
+            "driver-used mib=1536",
+            "info rc=0 free_mib=512 total_mib=2048",
+            "alloc rc=2",
+            "graph-launch rc=0",
+            "graph-exec-destroy rc=0",
+            "driver-used mib=1536",
+            "info rc=0 free_mib=512 total_mib=2048",
+            "graph-trim rc=0",
+            "driver-used mib=0",
+            "info rc=0 free_mib=2048 total_mib=2048",
+            "capture rc=0",
+            "stream-async rc=0 id=1",
+            "capture-end rc=0",
+            "graph-launch rc=0",
+            "driver-used mib=1024",
+            "info rc=0 free_mib=1024 total_mib=2048",
+            "free rc=0",
+            "info rc=0 free_mib=1024 total_mib=2048",
+            "graph-trim rc=0",
+            "driver-used mib=0",
+            "info rc=0 free_mib=2048 total_mib=2048",
+            "graph-exec-destroy rc=0",
+            "graph-new rc=0",
+            "graph-alloc rc=0 id=2",
+            "alloc rc=2",
+            "graph-launch rc=0",
+            "driver-used mib=1024",
+            "info rc=0 free_mib=1024 total_mib=2048",
+            "alloc rc=0 id=3",
+            "alloc rc=2",
+            "driver-used mib=2048",
+        ],
+    );
+}
+
 #[test]
 fn what_a_context_frees_with_it_is_given_back_and_nothing_more() {
     expect_on_every_cuda_path(

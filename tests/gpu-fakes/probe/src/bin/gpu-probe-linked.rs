@@ -10,8 +10,8 @@ mod api;
 use std::ffi::{c_int, c_uint, c_void};
 
 use api::{
-    AllocationProp, Array3dDesc, Array3dDescV1, ArrayDesc, ArrayDescV1, CuResult, Cuda, Legacy,
-    PoolProps, Pools,
+    AllocationProp, Array3dDesc, Array3dDescV1, ArrayDesc, ArrayDescV1, CuResult, Cuda, Graphs,
+    Legacy, MemAllocNodeParams, PoolProps, Pools,
 };
 
 unsafe extern "C" {
@@ -68,6 +68,32 @@ unsafe extern "C" {
     fn cuMemPoolTrimTo(pool: *mut c_void, min_bytes: usize) -> CuResult;
     fn cuDeviceGetDefaultMemPool(pool: *mut *mut c_void, dev: c_int) -> CuResult;
     fn cuCtxSynchronize() -> CuResult;
+    fn cuStreamCreate(stream: *mut *mut c_void, flags: c_uint) -> CuResult;
+    fn cuStreamBeginCapture_v2(stream: *mut c_void, mode: c_int) -> CuResult;
+    fn cuStreamEndCapture(stream: *mut c_void, graph: *mut *mut c_void) -> CuResult;
+    fn cuGraphCreate(graph: *mut *mut c_void, flags: c_uint) -> CuResult;
+    fn cuGraphAddMemAllocNode(
+        node: *mut *mut c_void,
+        graph: *mut c_void,
+        deps: *const *mut c_void,
+        ndeps: usize,
+        params: *mut MemAllocNodeParams,
+    ) -> CuResult;
+    fn cuGraphAddMemFreeNode(
+        node: *mut *mut c_void,
+        graph: *mut c_void,
+        deps: *const *mut c_void,
+        ndeps: usize,
+        dptr: u64,
+    ) -> CuResult;
+    fn cuGraphInstantiateWithFlags(
+        exec: *mut *mut c_void,
+        graph: *mut c_void,
+        flags: u64,
+    ) -> CuResult;
+    fn cuGraphLaunch(exec: *mut c_void, stream: *mut c_void) -> CuResult;
+    fn cuGraphExecDestroy(exec: *mut c_void) -> CuResult;
+    fn cuDeviceGraphMemTrim(dev: c_int) -> CuResult;
     // The legacy (pre-3.2) entry points, as a binary built against CUDA < 3.2 links them.
     fn cuMemAlloc(dptr: *mut u32, bytes: c_uint) -> CuResult;
     fn cuMemAllocPitch(
@@ -121,6 +147,18 @@ fn main() {
             trim_to: cuMemPoolTrimTo,
             default_pool: cuDeviceGetDefaultMemPool,
             ctx_synchronize: cuCtxSynchronize,
+        },
+        graphs: Graphs {
+            stream_create: cuStreamCreate,
+            begin_capture: cuStreamBeginCapture_v2,
+            end_capture: cuStreamEndCapture,
+            create: cuGraphCreate,
+            add_alloc_node: cuGraphAddMemAllocNode,
+            add_free_node: cuGraphAddMemFreeNode,
+            instantiate: cuGraphInstantiateWithFlags,
+            launch: cuGraphLaunch,
+            exec_destroy: cuGraphExecDestroy,
+            mem_trim: cuDeviceGraphMemTrim,
         },
         legacy: Some(Legacy {
             alloc: cuMemAlloc,
