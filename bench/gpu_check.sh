@@ -112,6 +112,25 @@ wait
 record matmul_pair_30 "$(last_json <"$OUT/c30.out")"
 record matmul_pair_70 "$(last_json <"$OUT/c70.out")"
 
+PROBE=${GPUSHARE_PROBE:-$(dirname "$BIN")/gpu-probe}
+if [[ -x $PROBE ]]; then
+    log "== graph memory: a captured 1.5 GiB allocation freed in its graph, launched under 2 GiB"
+    # After the launch the graph allocator holds 1.5 GiB: 1 GiB more must be refused (rc=2)
+    # until the trim. The views say when the driver took it (right after the launch call, or
+    # only after the synchronization).
+    record graph_memory "$(json_str "$("${RUN[@]}" --memory 2GiB -- "$PROBE" dlopen init capture \
+        stream-async:1536 free:0 capture-end info alloc:1024 graph-launch info sync info \
+        alloc:1024 graph-trim info alloc:1024 2>>"$LOG" | paste -sd';')")"
+    log "== graph launch cost: an empty graph launched 20000 times, with and without the limiter"
+    steps=(dlopen init capture capture-end graph-launches:20000)
+    record graph_launch_limiter "$(json_str "$("${RUN[@]}" --memory 2GiB -- "$PROBE" "${steps[@]}" \
+        2>>"$LOG" | tail -1)")"
+    record graph_launch_no_limiter "$(json_str "$("$BIN" run --gpu-backend nvml --gpu "$GPU" \
+        --no-limiter --memory 2GiB -- "$PROBE" "${steps[@]}" 2>>"$LOG" | tail -1)")"
+else
+    log "== graph memory: skipped, no $PROBE (make build builds it)"
+fi
+
 log "== limiter overhead: the same loop without the limiter"
 record matmul_no_limiter "$("$BIN" run --gpu-backend nvml --gpu "$GPU" --no-limiter --memory 4GiB \
     -- python3 "$PY" matmul 20 2>>"$LOG" | last_json)"

@@ -18,7 +18,8 @@
 //! `stream-async:MiB` (`cuMemAllocAsync` on that stream; its `free:N` is `cuMemFreeAsync` on it),
 //! `graph-new` (an empty graph), `graph-alloc:MiB` (an allocation node of that graph; its
 //! `free:N` adds a free node), `graph-launch` (instantiates the graph the first time, then
-//! launches it on the stream), `graph-exec-destroy`, `graph-trim` (`cuDeviceGraphMemTrim`),
+//! launches it on the stream), `graph-launches:N` (N launches, then `cuCtxSynchronize`: the
+//! time per launch), `graph-exec-destroy`, `graph-trim` (`cuDeviceGraphMemTrim`),
 //! `ctx-destroy` (destroys `init`'s context and makes a new one current), `ctx-destroy-v1` (the
 //! same through the pre-4.0 `cuCtxDestroy`), `primary` (retains
 //! device 0's primary context and makes it current), `primary-release`, `primary-reset`,
@@ -734,6 +735,33 @@ fn run_steps(cuda: &Cuda, steps: &[String], held: &mut Vec<Held>, prefix: &str) 
                     rc
                 };
                 format!("graph-launch rc={rc}")
+            }
+            "graph-launches" => {
+                let n = num(parts.next()).max(1);
+                // SAFETY: as `graph-launch`, `n` times; then the stream is synchronized.
+                let (rc, took) = unsafe {
+                    let mut rc = 0;
+                    if handle(&EXEC).is_null() {
+                        let mut e = std::ptr::null_mut();
+                        rc = (cuda.graphs.instantiate)(&mut e, handle(&GRAPH), 0);
+                        set_handle(&EXEC, e);
+                    }
+                    let t0 = std::time::Instant::now();
+                    for _ in 0..n {
+                        if rc != 0 {
+                            break;
+                        }
+                        rc = (cuda.graphs.launch)(handle(&EXEC), step_stream(cuda));
+                    }
+                    if rc == 0 {
+                        rc = (cuda.pools.ctx_synchronize)();
+                    }
+                    (rc, t0.elapsed())
+                };
+                format!(
+                    "graph-launches rc={rc} us_per_launch={:.2}",
+                    took.as_secs_f64() * 1e6 / n as f64
+                )
             }
             "graph-exec-destroy" => {
                 // SAFETY: the executable graph `graph-launch` made.
