@@ -260,13 +260,13 @@ fn reserve(lim: &Limiter, pos: usize, bytes: u64) -> bool {
 fn read_pools(lim: &Limiter) -> u64 {
     state::pools()
         .into_iter()
-        .map(|(pool, generation)| read_pool(lim, pool, generation))
+        .map(|(pool, generation)| read_pool(lim, pool, generation, false))
         .sum()
 }
 
-/// Reads what the driver holds in `pool` (as of `generation`) and counts that: a pool's
-/// reserve, or a device's graph allocator's.
-fn read_pool(lim: &Limiter, pool: u64, generation: u64) -> u64 {
+/// Reads what the driver holds in `pool` (as of `generation`; after a graph's launch if
+/// `launched`) and counts that: a pool's reserve, or a device's graph allocator's.
+fn read_pool(lim: &Limiter, pool: u64, generation: u64, launched: bool) -> u64 {
     let mut reserved = 0u64;
     let rc = match graph_device(pool) {
         Some(dev) => call_real!(
@@ -287,13 +287,13 @@ fn read_pool(lim: &Limiter, pool: u64, generation: u64) -> u64 {
     if rc != CUDA_SUCCESS {
         return 0;
     }
-    state::pool_reserved(lim, pool, generation, reserved)
+    state::pool_reserved(lim, pool, generation, reserved, launched)
 }
 
 /// [`read_pool`] at the pool's current generation, if it is booked.
 fn read_pool_now(lim: &Limiter, pool: u64) {
     if let Some(generation) = state::pool_generation(pool) {
-        read_pool(lim, pool, generation);
+        read_pool(lim, pool, generation, false);
     }
 }
 
@@ -698,7 +698,8 @@ pub unsafe extern "C" fn cuGraphAddMemFreeNode(
     })
 }
 
-/// Whether a call is a graph's launch (or upload), which ends the free nodes' pending counts.
+/// Whether a call is a graph's launch (or upload), which may end the free nodes' pending
+/// counts.
 #[derive(PartialEq)]
 enum Launch {
     Yes,
@@ -714,15 +715,17 @@ fn graph_memory_changes(launch: Launch, forward: impl FnOnce() -> CuResult) -> C
     if let Some(lim) = state::loaded_limiter()
         && graph_memory_readable()
     {
-        if launch == Launch::Yes && rc == CUDA_SUCCESS {
-            state::graphs_launched();
-        }
         if let Ok((dev, pos)) = current_device().and_then(|d| Ok((d, device_pos(lim, d)?))) {
             state::pool_book(graph_key(dev), pos);
         }
         for (pool, generation) in state::pools() {
             if graph_device(pool).is_some() {
-                read_pool(lim, pool, generation);
+                read_pool(
+                    lim,
+                    pool,
+                    generation,
+                    launch == Launch::Yes && rc == CUDA_SUCCESS,
+                );
             }
         }
     }

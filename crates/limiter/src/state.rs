@@ -461,9 +461,10 @@ pub(crate) struct PoolBook {
     /// Bumped at each allocation and free from the pool: a reading of the driver's reserve
     /// taken before one of them is not applied (it may miss what that changed).
     pub(crate) generation: u64,
-    /// A device's graph allocator only: what its free nodes gave back since the last launch.
-    /// The allocator takes that memory at the next launch, so it stays counted until then
-    /// (`kept` is never read below it).
+    /// A device's graph allocator only: what free nodes gave back that the allocator may not
+    /// hold yet (it takes that memory when their graph is launched). `kept` is never read
+    /// below it; it ends at a launch after which the allocator holds at least as much beyond
+    /// the live nodes (which graph the free nodes were in is not known).
     pub(crate) pending: u64,
 }
 
@@ -687,20 +688,6 @@ pub(crate) fn record_pooled(lim: &Limiter, key: u64, counted: Counted) {
     record(lim, Kind::DevicePtr, key, counted);
 }
 
-/// A graph was launched (or uploaded): what the free nodes gave back is the graph allocators'
-/// now, counted at what they hold (read next). Which graph the free nodes were in is not
-/// known: any launch ends every pending count.
-pub(crate) fn graphs_launched() {
-    TABLE.with(|b| {
-        for p in b.pools.values_mut() {
-            if p.pending > 0 {
-                p.pending = 0;
-                p.generation += 1;
-            }
-        }
-    });
-}
-
 /// Books `pool` on GPU `pos` if it is not booked (what the driver says it holds is then
 /// counted at the next reading).
 pub(crate) fn pool_book(pool: u64, pos: usize) {
@@ -743,15 +730,26 @@ pub(crate) fn pool_generation(pool: u64) -> Option<u64> {
     TABLE.with(|b| b.pools.get(&pool).map(|p| p.generation))
 }
 
-/// The driver holds `reserved` bytes in `pool` (read at `generation`): what it keeps beyond
-/// its live allocations is counted at that. Returns the bytes given back.
-pub(crate) fn pool_reserved(lim: &Limiter, pool: u64, generation: u64, reserved: u64) -> u64 {
+/// The driver holds `reserved` bytes in `pool` (read at `generation`, after a graph's launch
+/// if `launched`): what it keeps beyond its live allocations is counted at that, or at what is
+/// pending (see [`PoolBook::pending`]). Returns the bytes given back.
+pub(crate) fn pool_reserved(
+    lim: &Limiter,
+    pool: u64,
+    generation: u64,
+    reserved: u64,
+    launched: bool,
+) -> u64 {
     let change = TABLE.with(|b| {
         let p = b
             .pools
             .get_mut(&pool)
             .filter(|p| p.generation == generation)?;
-        let kept = reserved.saturating_sub(p.live).max(p.pending);
+        let held = reserved.saturating_sub(p.live);
+        if launched && held >= p.pending {
+            p.pending = 0;
+        }
+        let kept = held.max(p.pending);
         let old = std::mem::replace(&mut p.kept, kept);
         Some((p.pos, old, kept))
     });

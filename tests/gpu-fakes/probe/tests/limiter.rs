@@ -492,8 +492,9 @@ fn what_a_memory_pool_keeps_stays_counted_until_the_driver_lets_it_go() {
 /// A graph's memory: a captured stream-ordered allocation (or an allocation node made by hand)
 /// takes no memory until the graph is launched, and the device's graph allocator then keeps
 /// what the graph took (for its next launches) until a trim, freed in the graph or not. Each
-/// node is counted at its size until freed; a free node's memory until the next launch (which
-/// takes it); the graph allocator at what the driver says it holds beyond the live nodes (read
+/// node is counted at its size until freed; a free node's memory until a launch after which
+/// the graph allocator holds as much; the graph allocator at what the driver says it holds
+/// beyond the live nodes (read
 /// after each launch, upload, executable graph's destruction and trim). So a graph cannot take
 /// memory the quota has given elsewhere. Before, a captured allocation freed in its graph gave
 /// its count back at capture, the launch's memory was never counted, and `alloc:1024` before
@@ -551,6 +552,20 @@ fn what_a_graph_takes_when_launched_stays_counted_until_trimmed() {
             "alloc:1024",
             "alloc:512",
             "driver-used",
+            // A launch of another graph, after which the graph allocator does not hold what
+            // the free nodes gave back: that stays counted (the graph they are in may come).
+            "free:3",
+            "capture",
+            "stream-async:512",
+            "free:4",
+            "capture-end",
+            "info",
+            "capture",
+            "capture-end",
+            "graph-exec-destroy",
+            "graph-launch",
+            "info",
+            "alloc:1024",
         ],
         &[
             "init rc=0",
@@ -594,6 +609,18 @@ fn what_a_graph_takes_when_launched_stays_counted_until_trimmed() {
             "alloc rc=0 id=3",
             "alloc rc=2",
             "driver-used mib=2048",
+            "free rc=0",
+            "capture rc=0",
+            "stream-async rc=0 id=4",
+            "free rc=0",
+            "capture-end rc=0",
+            "info rc=0 free_mib=512 total_mib=2048",
+            "capture rc=0",
+            "capture-end rc=0",
+            "graph-exec-destroy rc=0",
+            "graph-launch rc=0",
+            "info rc=0 free_mib=512 total_mib=2048",
+            "alloc rc=2",
         ],
     );
 }
