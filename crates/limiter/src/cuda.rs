@@ -330,17 +330,23 @@ fn counted_alloc(
 /// Runs the real free and gives back what the handle counted (nothing for one we never
 /// counted: the count stays right whatever the program frees).
 fn counted_free(kind: Kind, key: u64, free: impl FnOnce() -> CuResult) -> CuResult {
-    free_counted(kind, key, false, free)
+    free_counted(kind, key, || false, free)
 }
 
-/// [`counted_free`]; `node`: the free is a graph's free node (captured, or added by hand),
-/// whose memory the graph allocator takes at the next launch: it stays counted until then.
-fn free_counted(kind: Kind, key: u64, node: bool, free: impl FnOnce() -> CuResult) -> CuResult {
+/// [`counted_free`]; `node` (asked only of a graph's allocation): the free is a graph's free
+/// node (captured, or added by hand), whose memory the graph allocator takes when the graph
+/// is launched (see `PoolBook::pending`).
+fn free_counted(
+    kind: Kind,
+    key: u64,
+    node: impl FnOnce() -> bool,
+    free: impl FnOnce() -> CuResult,
+) -> CuResult {
     let taken = state::forget(kind, key);
     let rc = free();
     if let (Some(c), Some(lim)) = (taken, state::loaded_limiter()) {
         if rc == CUDA_SUCCESS && c.pool != 0 {
-            state::pool_freed(lim, c, node && graph_device(c.pool).is_some());
+            state::pool_freed(lim, c, graph_device(c.pool).is_some() && node());
             read_pool_now(lim, c.pool);
         } else if rc == CUDA_SUCCESS {
             lim.release(c.pos, c.bytes);
@@ -685,17 +691,22 @@ pub unsafe extern "C" fn cuGraphAddMemFreeNode(
     ndeps: usize,
     dptr: CuDevicePtr,
 ) -> CuResult {
-    free_counted(Kind::DevicePtr, dptr, true, || {
-        call_real!(
-            R_GRAPH_ADD_MEM_FREE_NODE,
-            fn(*mut *mut c_void, *mut c_void, *const *mut c_void, usize, CuDevicePtr),
-            node,
-            graph,
-            deps,
-            ndeps,
-            dptr
-        )
-    })
+    free_counted(
+        Kind::DevicePtr,
+        dptr,
+        || true,
+        || {
+            call_real!(
+                R_GRAPH_ADD_MEM_FREE_NODE,
+                fn(*mut *mut c_void, *mut c_void, *const *mut c_void, usize, CuDevicePtr),
+                node,
+                graph,
+                deps,
+                ndeps,
+                dptr
+            )
+        },
+    )
 }
 
 /// Whether a call is a graph's launch (or upload), which may end the free nodes' pending
@@ -969,21 +980,29 @@ pub unsafe extern "C" fn cuMemFree(dptr: CuDevicePtrV1) -> CuResult {
 /// On a captured stream, a free node of the graph.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemFreeAsync(dptr: CuDevicePtr, stream: CuStream) -> CuResult {
-    free_counted(Kind::DevicePtr, dptr, capturing(stream), || {
-        call_real!(R_MEM_FREE_ASYNC, fn(CuDevicePtr, CuStream), dptr, stream)
-    })
+    free_counted(
+        Kind::DevicePtr,
+        dptr,
+        || capturing(stream),
+        || call_real!(R_MEM_FREE_ASYNC, fn(CuDevicePtr, CuStream), dptr, stream),
+    )
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemFreeAsync_ptsz(dptr: CuDevicePtr, stream: CuStream) -> CuResult {
-    free_counted(Kind::DevicePtr, dptr, capturing(stream), || {
-        call_real!(
-            R_MEM_FREE_ASYNC_PTSZ,
-            fn(CuDevicePtr, CuStream),
-            dptr,
-            stream
-        )
-    })
+    free_counted(
+        Kind::DevicePtr,
+        dptr,
+        || capturing(stream),
+        || {
+            call_real!(
+                R_MEM_FREE_ASYNC_PTSZ,
+                fn(CuDevicePtr, CuStream),
+                dptr,
+                stream
+            )
+        },
+    )
 }
 
 /// The head of `CUmemAllocationProp` that we read: type, handle types, location.
