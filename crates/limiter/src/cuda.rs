@@ -743,80 +743,31 @@ fn graph_memory_changes(launch: Launch, forward: impl FnOnce() -> CuResult) -> C
     rc
 }
 
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuGraphLaunch(exec: *mut c_void, stream: CuStream) -> CuResult {
-    graph_memory_changes(Launch::Yes, || {
-        call_real!(R_GRAPH_LAUNCH, fn(*mut c_void, CuStream), exec, stream)
-    })
+/// The entry points after which a graph allocator may hold more or less: each runs the real
+/// call through [`graph_memory_changes`].
+macro_rules! graph_memory_calls {
+    ($($name:ident($($arg:ident: $ty:ty),*) by $real:ident, launch: $launch:ident;)*) => {$(
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name($($arg: $ty),*) -> CuResult {
+            graph_memory_changes(Launch::$launch, || call_real!($real, fn($($ty),*), $($arg),*))
+        }
+    )*};
 }
 
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuGraphLaunch_ptsz(exec: *mut c_void, stream: CuStream) -> CuResult {
-    graph_memory_changes(Launch::Yes, || {
-        call_real!(R_GRAPH_LAUNCH_PTSZ, fn(*mut c_void, CuStream), exec, stream)
-    })
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuGraphUpload(exec: *mut c_void, stream: CuStream) -> CuResult {
-    graph_memory_changes(Launch::Yes, || {
-        call_real!(R_GRAPH_UPLOAD, fn(*mut c_void, CuStream), exec, stream)
-    })
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuGraphUpload_ptsz(exec: *mut c_void, stream: CuStream) -> CuResult {
-    graph_memory_changes(Launch::Yes, || {
-        call_real!(R_GRAPH_UPLOAD_PTSZ, fn(*mut c_void, CuStream), exec, stream)
-    })
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuGraphInstantiateWithParams(
-    exec: *mut *mut c_void,
-    graph: *mut c_void,
-    params: *mut c_void,
-) -> CuResult {
-    graph_memory_changes(Launch::No, || {
-        call_real!(
-            R_GRAPH_INSTANTIATE_WITH_PARAMS,
-            fn(*mut *mut c_void, *mut c_void, *mut c_void),
-            exec,
-            graph,
-            params
-        )
-    })
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuGraphInstantiateWithParams_ptsz(
-    exec: *mut *mut c_void,
-    graph: *mut c_void,
-    params: *mut c_void,
-) -> CuResult {
-    graph_memory_changes(Launch::No, || {
-        call_real!(
-            R_GRAPH_INSTANTIATE_WITH_PARAMS_PTSZ,
-            fn(*mut *mut c_void, *mut c_void, *mut c_void),
-            exec,
-            graph,
-            params
-        )
-    })
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuGraphExecDestroy(exec: *mut c_void) -> CuResult {
-    graph_memory_changes(Launch::No, || {
-        call_real!(R_GRAPH_EXEC_DESTROY, fn(*mut c_void), exec)
-    })
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuDeviceGraphMemTrim(dev: CuDevice) -> CuResult {
-    graph_memory_changes(Launch::No, || {
-        call_real!(R_DEVICE_GRAPH_MEM_TRIM, fn(CuDevice), dev)
-    })
+graph_memory_calls! {
+    cuGraphLaunch(exec: *mut c_void, stream: CuStream) by R_GRAPH_LAUNCH, launch: Yes;
+    cuGraphLaunch_ptsz(exec: *mut c_void, stream: CuStream) by R_GRAPH_LAUNCH_PTSZ, launch: Yes;
+    cuGraphUpload(exec: *mut c_void, stream: CuStream) by R_GRAPH_UPLOAD, launch: Yes;
+    cuGraphUpload_ptsz(exec: *mut c_void, stream: CuStream) by R_GRAPH_UPLOAD_PTSZ, launch: Yes;
+    cuGraphInstantiateWithParams(exec: *mut *mut c_void, graph: *mut c_void, params: *mut c_void)
+        by R_GRAPH_INSTANTIATE_WITH_PARAMS, launch: No;
+    cuGraphInstantiateWithParams_ptsz(
+        exec: *mut *mut c_void,
+        graph: *mut c_void,
+        params: *mut c_void
+    ) by R_GRAPH_INSTANTIATE_WITH_PARAMS_PTSZ, launch: No;
+    cuGraphExecDestroy(exec: *mut c_void) by R_GRAPH_EXEC_DESTROY, launch: No;
+    cuDeviceGraphMemTrim(dev: CuDevice) by R_DEVICE_GRAPH_MEM_TRIM, launch: No;
 }
 
 /// Pitched allocation: the driver picks the pitch, so the estimate (width × height) is counted

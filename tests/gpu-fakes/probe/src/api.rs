@@ -75,6 +75,20 @@ pub struct Cuda {
     pub legacy: Option<Legacy>,
 }
 
+/// The entry point `name` through `resolve`, as the function type its use asks for; the probe
+/// fails if the driver lacks it.
+macro_rules! required {
+    ($resolve:expr, $name:expr) => {{
+        let name: &CStr = $name;
+        let p = $resolve(name);
+        if p.is_null() {
+            fail(&format!("cannot resolve {name:?}"));
+        }
+        // SAFETY: the symbol's C signature is the field's type.
+        unsafe { std::mem::transmute::<*mut c_void, _>(p) }
+    }};
+}
+
 /// The stream-ordered pool entry points (one version each).
 #[derive(Clone, Copy)]
 pub struct Pools {
@@ -89,23 +103,13 @@ pub struct Pools {
 impl Pools {
     /// Resolves each by name through `resolve` (the names have no versions).
     pub fn resolve(resolve: Resolve) -> Pools {
-        macro_rules! get {
-            ($name:literal) => {{
-                let p = resolve($name);
-                if p.is_null() {
-                    fail(&format!("cannot resolve {:?}", $name));
-                }
-                // SAFETY: the symbol's C signature is the field's type.
-                unsafe { std::mem::transmute::<*mut c_void, _>(p) }
-            }};
-        }
         Pools {
-            create: get!(c"cuMemPoolCreate"),
-            destroy: get!(c"cuMemPoolDestroy"),
-            set_attribute: get!(c"cuMemPoolSetAttribute"),
-            trim_to: get!(c"cuMemPoolTrimTo"),
-            default_pool: get!(c"cuDeviceGetDefaultMemPool"),
-            ctx_synchronize: get!(c"cuCtxSynchronize"),
+            create: required!(resolve, c"cuMemPoolCreate"),
+            destroy: required!(resolve, c"cuMemPoolDestroy"),
+            set_attribute: required!(resolve, c"cuMemPoolSetAttribute"),
+            trim_to: required!(resolve, c"cuMemPoolTrimTo"),
+            default_pool: required!(resolve, c"cuDeviceGetDefaultMemPool"),
+            ctx_synchronize: required!(resolve, c"cuCtxSynchronize"),
         }
     }
 }
@@ -141,32 +145,24 @@ impl Graphs {
     /// Resolves each by name through `resolve`; `versioned`: base names (the resolver picks
     /// `cuStreamBeginCapture_v2`), else that one by its exact name.
     pub fn resolve(resolve: Resolve, versioned: bool) -> Graphs {
-        macro_rules! get {
-            ($name:expr) => {{
-                let name: &CStr = $name;
-                let p = resolve(name);
-                if p.is_null() {
-                    fail(&format!("cannot resolve {name:?}"));
-                }
-                // SAFETY: the symbol's C signature is the field's type.
-                unsafe { std::mem::transmute::<*mut c_void, _>(p) }
-            }};
-        }
         Graphs {
-            stream_create: get!(c"cuStreamCreate"),
-            begin_capture: get!(if versioned {
-                c"cuStreamBeginCapture"
-            } else {
-                c"cuStreamBeginCapture_v2"
-            }),
-            end_capture: get!(c"cuStreamEndCapture"),
-            create: get!(c"cuGraphCreate"),
-            add_alloc_node: get!(c"cuGraphAddMemAllocNode"),
-            add_free_node: get!(c"cuGraphAddMemFreeNode"),
-            instantiate: get!(c"cuGraphInstantiateWithFlags"),
-            launch: get!(c"cuGraphLaunch"),
-            exec_destroy: get!(c"cuGraphExecDestroy"),
-            mem_trim: get!(c"cuDeviceGraphMemTrim"),
+            stream_create: required!(resolve, c"cuStreamCreate"),
+            begin_capture: required!(
+                resolve,
+                if versioned {
+                    c"cuStreamBeginCapture"
+                } else {
+                    c"cuStreamBeginCapture_v2"
+                }
+            ),
+            end_capture: required!(resolve, c"cuStreamEndCapture"),
+            create: required!(resolve, c"cuGraphCreate"),
+            add_alloc_node: required!(resolve, c"cuGraphAddMemAllocNode"),
+            add_free_node: required!(resolve, c"cuGraphAddMemFreeNode"),
+            instantiate: required!(resolve, c"cuGraphInstantiateWithFlags"),
+            launch: required!(resolve, c"cuGraphLaunch"),
+            exec_destroy: required!(resolve, c"cuGraphExecDestroy"),
+            mem_trim: required!(resolve, c"cuDeviceGraphMemTrim"),
         }
     }
 }
@@ -267,14 +263,7 @@ macro_rules! resolve_all {
             legacy: $legacy,
             pools: Pools::resolve($resolve),
             graphs: Graphs::resolve($resolve, $versioned),
-            $($field: {
-                let p = $resolve($name);
-                if p.is_null() {
-                    fail(&format!("cannot resolve {:?}", $name));
-                }
-                // SAFETY: the symbol's C signature is the field's type.
-                unsafe { std::mem::transmute::<*mut c_void, _>(p) }
-            }),*
+            $($field: required!($resolve, $name)),*
         }
     }};
 }
