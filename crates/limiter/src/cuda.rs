@@ -102,6 +102,8 @@ real!(
 real!(R_DEVICE_GRAPH_MEM_TRIM, c"cuDeviceGraphMemTrim");
 real!(R_GRAPH_ADD_MEM_ALLOC_NODE, c"cuGraphAddMemAllocNode");
 real!(R_GRAPH_ADD_MEM_FREE_NODE, c"cuGraphAddMemFreeNode");
+real!(R_GRAPH_ADD_NODE, c"cuGraphAddNode");
+real!(R_GRAPH_ADD_NODE_V2, c"cuGraphAddNode_v2");
 real!(
     R_GRAPH_INSTANTIATE_WITH_PARAMS,
     c"cuGraphInstantiateWithParams"
@@ -146,7 +148,7 @@ real!(R_GET_PROC_ADDRESS_V2, c"cuGetProcAddress_v2");
 
 /// Calls the real function or returns `CUDA_ERROR_NOT_FOUND` if the driver lacks it.
 macro_rules! call_real {
-    ($sym:expr, fn($($ty:ty),*), $($arg:expr),*) => {{
+    ($sym:expr, fn($($ty:ty),* $(,)?), $($arg:expr),*) => {{
         // SAFETY: the type spelled here is the documented C signature of the symbol.
         match unsafe { $sym.get::<unsafe extern "C" fn($($ty),*) -> CuResult>() } {
             // SAFETY: forwarding the caller's arguments to the real driver function.
@@ -658,6 +660,13 @@ pub unsafe extern "C" fn cuGraphAddMemAllocNode(
             params
         )
     };
+    alloc_node(params, forward)
+}
+
+/// An allocation node with `params` made by `forward`: counted like a captured stream's
+/// allocation, on the device its properties name (passed through uncounted for any other
+/// location).
+fn alloc_node(params: *mut MemAllocNodeParams, forward: impl FnOnce() -> CuResult) -> CuResult {
     // SAFETY: the caller's parameters, or null (the driver answers that).
     let Some(p) = (unsafe { params.as_ref() }) else {
         return forward();
@@ -707,6 +716,91 @@ pub unsafe extern "C" fn cuGraphAddMemFreeNode(
             )
         },
     )
+}
+
+/// `CU_GRAPH_NODE_TYPE_MEM_ALLOC` and `CU_GRAPH_NODE_TYPE_MEM_FREE`.
+const NODE_TYPE_MEM_ALLOC: c_int = 10;
+const NODE_TYPE_MEM_FREE: c_int = 11;
+
+/// Where a `CUgraphNodeParams`'s parameters start, after its type and three reserved ints: an
+/// allocation node's `CUDA_MEM_ALLOC_NODE_PARAMS_v2` (laid out as v1), a free node's address.
+const NODE_PARAMS_OFFSET: usize = 16;
+
+/// A node made by the generic `cuGraphAddNode` (`params`: its `CUgraphNodeParams`): a memory
+/// node is counted as `cuGraphAddMemAllocNode`'s and `cuGraphAddMemFreeNode`'s are.
+fn generic_node(params: *mut c_void, forward: impl FnOnce() -> CuResult) -> CuResult {
+    if params.is_null() {
+        return forward();
+    }
+    // SAFETY: a non-null `CUgraphNodeParams` of the caller: its type first, its parameters at
+    // NODE_PARAMS_OFFSET (within the struct's 256 bytes).
+    let (node_type, body) = unsafe {
+        (
+            *(params as *const c_int),
+            params.cast::<u8>().add(NODE_PARAMS_OFFSET),
+        )
+    };
+    match node_type {
+        NODE_TYPE_MEM_ALLOC => alloc_node(body.cast(), forward),
+        NODE_TYPE_MEM_FREE => {
+            // SAFETY: a free node's parameters are its address.
+            let dptr = unsafe { *body.cast::<CuDevicePtr>() };
+            free_counted(Kind::DevicePtr, dptr, || true, forward)
+        }
+        _ => forward(),
+    }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGraphAddNode(
+    node: *mut *mut c_void,
+    graph: *mut c_void,
+    deps: *const *mut c_void,
+    ndeps: usize,
+    params: *mut c_void,
+) -> CuResult {
+    generic_node(params, || {
+        call_real!(
+            R_GRAPH_ADD_NODE,
+            fn(*mut *mut c_void, *mut c_void, *const *mut c_void, usize, *mut c_void),
+            node,
+            graph,
+            deps,
+            ndeps,
+            params
+        )
+    })
+}
+
+/// `cuGraphAddNode` with edge data (CUDA 12.3).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGraphAddNode_v2(
+    node: *mut *mut c_void,
+    graph: *mut c_void,
+    deps: *const *mut c_void,
+    edges: *const c_void,
+    ndeps: usize,
+    params: *mut c_void,
+) -> CuResult {
+    generic_node(params, || {
+        call_real!(
+            R_GRAPH_ADD_NODE_V2,
+            fn(
+                *mut *mut c_void,
+                *mut c_void,
+                *const *mut c_void,
+                *const c_void,
+                usize,
+                *mut c_void,
+            ),
+            node,
+            graph,
+            deps,
+            edges,
+            ndeps,
+            params
+        )
+    })
 }
 
 /// Whether a call is a graph's launch (or upload), which may end the free nodes' pending
@@ -1583,6 +1677,7 @@ fn interpose_proc(symbol: *const c_char, pfn: *mut *mut c_void, version: c_int, 
         b"cuGetProcAddress" => 12000,
         b"cuDevicePrimaryCtxRelease" | b"cuDevicePrimaryCtxReset" => 11000,
         b"cuCtxDestroy" => 4000,
+        b"cuGraphAddNode" => 12030,
         _ => 3020,
     };
     let order: [Option<&[u8]>; 3] = [

@@ -31,7 +31,7 @@ macro_rules! hooks {
     };
 }
 
-static CUDA_HOOKS: [Hook; 50] = hooks![
+static CUDA_HOOKS: [Hook; 52] = hooks![
     R_MEM_ALLOC => cuMemAlloc_v2,
     R_MEM_ALLOC_PITCH => cuMemAllocPitch_v2,
     R_MEM_ALLOC_MANAGED => cuMemAllocManaged,
@@ -46,6 +46,8 @@ static CUDA_HOOKS: [Hook; 50] = hooks![
     R_MEM_POOL_DESTROY => cuMemPoolDestroy,
     R_GRAPH_ADD_MEM_ALLOC_NODE => cuGraphAddMemAllocNode,
     R_GRAPH_ADD_MEM_FREE_NODE => cuGraphAddMemFreeNode,
+    R_GRAPH_ADD_NODE => cuGraphAddNode,
+    R_GRAPH_ADD_NODE_V2 => cuGraphAddNode_v2,
     R_GRAPH_LAUNCH => cuGraphLaunch,
     R_GRAPH_LAUNCH_PTSZ => cuGraphLaunch_ptsz,
     R_GRAPH_UPLOAD => cuGraphUpload,

@@ -54,6 +54,8 @@ const SYMBOLS: &[&str] = &[
     "cuGraphCreate",
     "cuGraphAddMemAllocNode",
     "cuGraphAddMemFreeNode",
+    "cuGraphAddNode",
+    "cuGraphAddNode_v2",
     "cuGraphInstantiateWithFlags",
     "cuGraphLaunch",
     "cuGraphExecDestroy",

@@ -7,7 +7,8 @@
 //! the primary context's reset or last release; not the stream-ordered and VMM ones, which no
 //! context owns), and `cuGetProcAddress` picks versioned variants itself (`_v2` from 3020 and
 //! the legacy 32-bit entry point below, `cuCtxDestroy_v2` from 4000, the primary context's
-//! release and reset `_v2` from 11000, `_ptsz` with the per-thread flag, `cuGetProcAddress_v2`
+//! release and reset `_v2` from 11000, `cuStreamBeginCapture_v2` from 10010, `cuGraphAddNode_v2`
+//! from 12030, `_ptsz` with the per-thread flag, `cuGetProcAddress_v2`
 //! from 12000). Legacy allocations get addresses below 4 GiB (a
 //! `CUdeviceptr_v1` is 32 bits); the legacy views saturate at 4 GiB − 1. Stream-ordered
 //! allocations come from pools (device 0's default pool, `cuDeviceSetMemPool`,
@@ -15,7 +16,8 @@
 //! (`cuCtxSynchronize`, `cuStreamSynchronize`) trims them to their release threshold, a
 //! `cuMemPoolTrimTo`, or their destruction. A stream can be captured into a graph
 //! (`cuStreamBeginCapture`); graphs get memory nodes from captured stream-ordered allocations
-//! and frees or `cuGraphAddMemAllocNode`/`cuGraphAddMemFreeNode`, and take device memory for
+//! and frees, `cuGraphAddMemAllocNode`/`cuGraphAddMemFreeNode` or `cuGraphAddNode`(`_v2`), and
+//! take device memory for
 //! them when launched (or uploaded) from device 0's graph allocator, which keeps it until
 //! `cuDeviceGraphMemTrim` (`cuDeviceGetGraphMemAttribute` says how much it holds).
 //! `gpushareFakeCudaUsedBytes` tells a test what the "driver" holds;
@@ -977,6 +979,72 @@ pub unsafe extern "C" fn cuGraphAddMemFreeNode(
     }
 }
 
+/// The generic `cuGraphAddNode` (and `_v2`, with edge data): memory nodes only here. Its
+/// `CUgraphNodeParams` has the node's type first and its parameters at byte 16.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGraphAddNode(
+    node: *mut u64,
+    graph: u64,
+    _deps: *const u64,
+    _ndeps: usize,
+    params: *mut c_void,
+) -> CuResult {
+    // SAFETY: the caller's parameters, or null.
+    unsafe { add_node(node, graph, params) }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGraphAddNode_v2(
+    node: *mut u64,
+    graph: u64,
+    _deps: *const u64,
+    _edges: *const c_void,
+    _ndeps: usize,
+    params: *mut c_void,
+) -> CuResult {
+    // SAFETY: the caller's parameters, or null.
+    unsafe { add_node(node, graph, params) }
+}
+
+/// # Safety
+/// `params` is null or a valid `CUgraphNodeParams`.
+unsafe fn add_node(node: *mut u64, graph: u64, params: *mut c_void) -> CuResult {
+    if params.is_null() {
+        return INVALID_VALUE;
+    }
+    if let Err(rc) = ready() {
+        return rc;
+    }
+    // SAFETY: a valid `CUgraphNodeParams`: its type, its parameters at byte 16.
+    let (node_type, body) = unsafe { (*(params as *const c_int), params.cast::<u8>().add(16)) };
+    match node_type {
+        GRAPH_NODE_TYPE_MEM_ALLOC => {
+            // SAFETY: an allocation node's parameters.
+            let p = unsafe { &mut *body.cast::<MemAllocNodeParams>() };
+            match graph_alloc_node(graph, p.bytesize as u64) {
+                Ok(va) => {
+                    p.dptr = va;
+                    out(node, Ok(va))
+                }
+                Err(rc) => rc,
+            }
+        }
+        GRAPH_NODE_TYPE_MEM_FREE => {
+            // SAFETY: a free node's parameters: its address.
+            let dptr = unsafe { *body.cast::<u64>() };
+            match graph_free_node(graph, dptr) {
+                SUCCESS => out(node, Ok(dptr | 1)),
+                rc => rc,
+            }
+        }
+        _ => INVALID_VALUE,
+    }
+}
+
+/// `CU_GRAPH_NODE_TYPE_MEM_ALLOC`, `CU_GRAPH_NODE_TYPE_MEM_FREE`.
+const GRAPH_NODE_TYPE_MEM_ALLOC: c_int = 10;
+const GRAPH_NODE_TYPE_MEM_FREE: c_int = 11;
+
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuGraphInstantiateWithFlags(
     exec: *mut u64,
@@ -1404,6 +1472,8 @@ fn entry(name: &[u8]) -> Option<*mut c_void> {
         b"cuGraphDestroy" => cuGraphDestroy as *mut c_void,
         b"cuGraphAddMemAllocNode" => cuGraphAddMemAllocNode as *mut c_void,
         b"cuGraphAddMemFreeNode" => cuGraphAddMemFreeNode as *mut c_void,
+        b"cuGraphAddNode" => cuGraphAddNode as *mut c_void,
+        b"cuGraphAddNode_v2" => cuGraphAddNode_v2 as *mut c_void,
         b"cuGraphInstantiateWithFlags" => cuGraphInstantiateWithFlags as *mut c_void,
         b"cuGraphLaunch" => cuGraphLaunch as *mut c_void,
         b"cuGraphLaunch_ptsz" => cuGraphLaunch_ptsz as *mut c_void,
@@ -1437,12 +1507,13 @@ fn entry(name: &[u8]) -> Option<*mut c_void> {
 }
 
 /// Names whose `_v2` variant came later, and the version it came with (earlier versions get the
-/// first variant, which this driver has only for `cuStreamBeginCapture`).
+/// first variant, which this driver has only for `cuStreamBeginCapture` and `cuGraphAddNode`).
 const V2_FROM_LATER: &[(&[u8], c_int)] = &[
     (b"cuCtxDestroy", 4000),
     (b"cuDevicePrimaryCtxRelease", 11000),
     (b"cuDevicePrimaryCtxReset", 11000),
     (b"cuStreamBeginCapture", 10010),
+    (b"cuGraphAddNode", 12030),
 ];
 
 /// Names that have a `_v2` variant from CUDA 3.2 (3020).

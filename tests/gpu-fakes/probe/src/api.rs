@@ -17,7 +17,9 @@
 //! `capture` / `capture-end` (the probe's own stream captured into a graph),
 //! `stream-async:MiB` (`cuMemAllocAsync` on that stream; its `free:N` is `cuMemFreeAsync` on it),
 //! `graph-new` (an empty graph), `graph-alloc:MiB` (an allocation node of that graph; its
-//! `free:N` adds a free node), `graph-launch` (instantiates the graph the first time, then
+//! `free:N` adds a free node), `graph-node-alloc:MiB` / `graph-node-alloc2:MiB` (the same
+//! through the generic `cuGraphAddNode` / `cuGraphAddNode_v2`; its free node through
+//! `cuGraphAddNode`), `graph-launch` (instantiates the graph the first time, then
 //! launches it on the stream), `graph-launches:N` (N launches, then `cuCtxSynchronize`: the
 //! time per launch), `graph-exec-destroy`, `graph-trim` (`cuDeviceGraphMemTrim`),
 //! `ctx-destroy` (destroys `init`'s context and makes a new one current), `ctx-destroy-v1` (the
@@ -89,6 +91,16 @@ macro_rules! required {
     }};
 }
 
+/// The entry point `name` through `resolve` as `F`, None if the driver lacks it.
+///
+/// # Safety
+/// `F` is the symbol's C function type.
+unsafe fn optional<F: Copy>(resolve: Resolve, name: &CStr) -> Option<F> {
+    let p = resolve(name);
+    // SAFETY: the caller vouches for F; p is a non-null function address.
+    (!p.is_null()).then(|| unsafe { std::mem::transmute_copy::<*mut c_void, F>(&p) })
+}
+
 /// The stream-ordered pool entry points (one version each).
 #[derive(Clone, Copy)]
 pub struct Pools {
@@ -135,6 +147,9 @@ pub struct Graphs {
         usize,
         u64,
     ) -> CuResult,
+    /// `cuGraphAddNode` (CUDA 12.2) and `cuGraphAddNode_v2` (12.3), if the driver has them.
+    pub add_node: Option<AddNode>,
+    pub add_node_v2: Option<AddNodeV2>,
     pub instantiate: unsafe extern "C" fn(*mut *mut c_void, *mut c_void, u64) -> CuResult,
     pub launch: unsafe extern "C" fn(*mut c_void, *mut c_void) -> CuResult,
     pub exec_destroy: unsafe extern "C" fn(*mut c_void) -> CuResult,
@@ -159,6 +174,9 @@ impl Graphs {
             create: required!(resolve, c"cuGraphCreate"),
             add_alloc_node: required!(resolve, c"cuGraphAddMemAllocNode"),
             add_free_node: required!(resolve, c"cuGraphAddMemFreeNode"),
+            // SAFETY: the symbols' C signatures are the fields' types.
+            add_node: unsafe { optional(resolve, c"cuGraphAddNode") },
+            add_node_v2: unsafe { optional(resolve, c"cuGraphAddNode_v2") },
             instantiate: required!(resolve, c"cuGraphInstantiateWithFlags"),
             launch: required!(resolve, c"cuGraphLaunch"),
             exec_destroy: required!(resolve, c"cuGraphExecDestroy"),
@@ -176,6 +194,37 @@ pub struct MemAllocNodeParams {
     pub bytesize: usize,
     pub dptr: u64,
 }
+
+pub type AddNode = unsafe extern "C" fn(
+    *mut *mut c_void,
+    *mut c_void,
+    *const *mut c_void,
+    usize,
+    *mut GraphNodeParams,
+) -> CuResult;
+/// Edge data before the count.
+pub type AddNodeV2 = unsafe extern "C" fn(
+    *mut *mut c_void,
+    *mut c_void,
+    *const *mut c_void,
+    *const c_void,
+    usize,
+    *mut GraphNodeParams,
+) -> CuResult;
+
+/// `CUgraphNodeParams` (256 bytes): the node's type, then its parameters (an allocation
+/// node's `CUDA_MEM_ALLOC_NODE_PARAMS_v2`, a free node's address) from byte 16.
+#[repr(C)]
+pub struct GraphNodeParams {
+    pub node_type: c_int,
+    pub reserved0: [c_int; 3],
+    pub body: [u64; 29],
+    pub reserved2: i64,
+}
+
+/// `CU_GRAPH_NODE_TYPE_MEM_ALLOC`, `CU_GRAPH_NODE_TYPE_MEM_FREE`.
+const NODE_TYPE_MEM_ALLOC: c_int = 10;
+const NODE_TYPE_MEM_FREE: c_int = 11;
 
 /// The legacy (pre-3.2) entry points: `unsigned int` sizes, 32-bit `CUdeviceptr_v1`.
 #[derive(Clone, Copy)]
@@ -399,6 +448,8 @@ enum Held {
     OnStream(u64),
     /// A graph's allocation node made by hand (freed by a free node).
     Node(u64),
+    /// The same through the generic `cuGraphAddNode`.
+    GenericNode(u64),
     Vmm(u64),
     Array(u64),
     Mipmap(u64),
@@ -459,6 +510,30 @@ fn handle(h: &std::sync::atomic::AtomicUsize) -> *mut c_void {
 
 fn set_handle(h: &std::sync::atomic::AtomicUsize, p: *mut c_void) {
     h.store(p as usize, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// `cuGraphAddNode`, or the probe fails.
+fn add_node(cuda: &Cuda) -> AddNode {
+    cuda.graphs
+        .add_node
+        .unwrap_or_else(|| fail("the driver has no cuGraphAddNode (CUDA 12.2)"))
+}
+
+/// An allocation node's parameters: `bytes` of device 0's memory.
+fn device0_alloc_node(bytes: usize) -> MemAllocNodeParams {
+    MemAllocNodeParams {
+        pool_props: PoolProps {
+            alloc_type: 1,
+            handle_types: 0,
+            location_type: 1,
+            location_id: 0,
+            rest: [0; 72],
+        },
+        access_descs: std::ptr::null(),
+        access_desc_count: 0,
+        bytesize: bytes,
+        dptr: 0,
+    }
 }
 
 /// The probe's stream, made on first use.
@@ -683,19 +758,7 @@ fn run_steps(cuda: &Cuda, steps: &[String], held: &mut Vec<Held>, prefix: &str) 
                 hold(held, rc, Held::OnStream(p), op)
             }
             "graph-alloc" => {
-                let mut params = MemAllocNodeParams {
-                    pool_props: PoolProps {
-                        alloc_type: 1,
-                        handle_types: 0,
-                        location_type: 1,
-                        location_id: 0,
-                        rest: [0; 72],
-                    },
-                    access_descs: std::ptr::null(),
-                    access_desc_count: 0,
-                    bytesize: num(parts.next()) * MIB,
-                    dptr: 0,
-                };
+                let mut params = device0_alloc_node(num(parts.next()) * MIB);
                 let mut node = std::ptr::null_mut();
                 // SAFETY: the graph `graph-new` made, no dependencies, valid parameters.
                 let rc = unsafe {
@@ -708,6 +771,34 @@ fn run_steps(cuda: &Cuda, steps: &[String], held: &mut Vec<Held>, prefix: &str) 
                     )
                 };
                 hold(held, rc, Held::Node(params.dptr), op)
+            }
+            "graph-node-alloc" | "graph-node-alloc2" => {
+                let mut params = GraphNodeParams {
+                    node_type: NODE_TYPE_MEM_ALLOC,
+                    reserved0: [0; 3],
+                    body: [0; 29],
+                    reserved2: 0,
+                };
+                // SAFETY: the allocation node's parameters fit the union (120 of 232 bytes).
+                let alloc = unsafe { &mut *params.body.as_mut_ptr().cast::<MemAllocNodeParams>() };
+                *alloc = device0_alloc_node(num(parts.next()) * MIB);
+                let mut node = std::ptr::null_mut();
+                // SAFETY: the graph `graph-new` made, no dependencies, valid parameters.
+                let rc = unsafe {
+                    let graph = handle(&GRAPH);
+                    if op == "graph-node-alloc" {
+                        add_node(cuda)(&mut node, graph, std::ptr::null(), 0, &mut params)
+                    } else {
+                        let add = cuda.graphs.add_node_v2.unwrap_or_else(|| {
+                            fail("the driver has no cuGraphAddNode_v2 (CUDA 12.3)")
+                        });
+                        let (deps, edges) = (std::ptr::null(), std::ptr::null());
+                        add(&mut node, graph, deps, edges, 0, &mut params)
+                    }
+                };
+                // SAFETY: as above; the driver wrote the address.
+                let dptr = unsafe { (*params.body.as_ptr().cast::<MemAllocNodeParams>()).dptr };
+                hold(held, rc, Held::GenericNode(dptr), op)
             }
             "graph-launch" => {
                 // SAFETY: the graph the steps built, its executable graph, the probe's stream.
@@ -917,6 +1008,23 @@ fn run_steps(cuda: &Cuda, steps: &[String], held: &mut Vec<Held>, prefix: &str) 
                         Held::Ptr(p) => (cuda.free)(p),
                         Held::Async(p) => (cuda.free_async)(p, std::ptr::null_mut()),
                         Held::OnStream(p) => (cuda.free_async)(p, step_stream(cuda)),
+                        Held::GenericNode(p) => {
+                            let mut params = GraphNodeParams {
+                                node_type: NODE_TYPE_MEM_FREE,
+                                reserved0: [0; 3],
+                                body: [0; 29],
+                                reserved2: 0,
+                            };
+                            params.body[0] = p;
+                            let mut node = std::ptr::null_mut();
+                            add_node(cuda)(
+                                &mut node,
+                                handle(&GRAPH),
+                                std::ptr::null(),
+                                0,
+                                &mut params,
+                            )
+                        }
                         Held::Node(p) => {
                             let mut node = std::ptr::null_mut();
                             (cuda.graphs.add_free_node)(

@@ -489,7 +489,8 @@ fn what_a_memory_pool_keeps_stays_counted_until_the_driver_lets_it_go() {
     );
 }
 
-/// A graph's memory: a captured stream-ordered allocation (or an allocation node made by hand)
+/// A graph's memory: a captured stream-ordered allocation (or an allocation node made by hand,
+/// through `cuGraphAddMemAllocNode` or the generic `cuGraphAddNode`)
 /// takes no memory until the graph is launched, and the device's graph allocator then keeps
 /// what the graph took (for its next launches) until a trim, freed in the graph or not. Each
 /// node is counted at its size until freed; a free node's memory until a launch after which
@@ -566,6 +567,14 @@ fn what_a_graph_takes_when_launched_stays_counted_until_trimmed() {
             "graph-launch",
             "info",
             "alloc:1024",
+            // The generic cuGraphAddNode(_v2)'s memory nodes are counted the same way (the
+            // first takes the 512 MiB the free node gave back: the same graph allocator's).
+            "graph-new",
+            "graph-node-alloc2:1024",
+            "graph-node-alloc:512",
+            "info",
+            "free:5",
+            "info",
         ],
         &[
             "init rc=0",
@@ -621,6 +630,12 @@ fn what_a_graph_takes_when_launched_stays_counted_until_trimmed() {
             "graph-launch rc=0",
             "info rc=0 free_mib=512 total_mib=2048",
             "alloc rc=2",
+            "graph-new rc=0",
+            "graph-node-alloc2 rc=0 id=5",
+            "graph-node-alloc rc=2",
+            "info rc=0 free_mib=0 total_mib=2048",
+            "free rc=0",
+            "info rc=0 free_mib=0 total_mib=2048",
         ],
     );
 }

@@ -10,8 +10,8 @@ mod api;
 use std::ffi::{c_int, c_uint, c_void};
 
 use api::{
-    AllocationProp, Array3dDesc, Array3dDescV1, ArrayDesc, ArrayDescV1, CuResult, Cuda, Graphs,
-    Legacy, MemAllocNodeParams, PoolProps, Pools,
+    AllocationProp, Array3dDesc, Array3dDescV1, ArrayDesc, ArrayDescV1, CuResult, Cuda,
+    GraphNodeParams, Graphs, Legacy, MemAllocNodeParams, PoolProps, Pools,
 };
 
 unsafe extern "C" {
@@ -86,6 +86,21 @@ unsafe extern "C" {
         ndeps: usize,
         dptr: u64,
     ) -> CuResult;
+    fn cuGraphAddNode(
+        node: *mut *mut c_void,
+        graph: *mut c_void,
+        deps: *const *mut c_void,
+        ndeps: usize,
+        params: *mut GraphNodeParams,
+    ) -> CuResult;
+    fn cuGraphAddNode_v2(
+        node: *mut *mut c_void,
+        graph: *mut c_void,
+        deps: *const *mut c_void,
+        edges: *const c_void,
+        ndeps: usize,
+        params: *mut GraphNodeParams,
+    ) -> CuResult;
     fn cuGraphInstantiateWithFlags(
         exec: *mut *mut c_void,
         graph: *mut c_void,
@@ -155,6 +170,8 @@ fn main() {
             create: cuGraphCreate,
             add_alloc_node: cuGraphAddMemAllocNode,
             add_free_node: cuGraphAddMemFreeNode,
+            add_node: Some(cuGraphAddNode),
+            add_node_v2: Some(cuGraphAddNode_v2),
             instantiate: cuGraphInstantiateWithFlags,
             launch: cuGraphLaunch,
             exec_destroy: cuGraphExecDestroy,
