@@ -116,11 +116,12 @@ PROBE=${GPUSHARE_PROBE:-$(dirname "$BIN")/gpu-probe}
 if [[ -x $PROBE ]]; then
     log "== graph memory: a captured 1.5 GiB allocation freed in its graph, launched under 2 GiB"
     # After the launch the graph allocator holds 1.5 GiB: 1 GiB more must be refused (rc=2)
-    # until the trim. The views say when the driver took it (right after the launch call, or
-    # only after the synchronization).
+    # until the trim. graph-reserved (the driver's own figure) says when the driver took it:
+    # at the launch call, or only by the synchronization.
     record graph_memory "$(json_str "$("${RUN[@]}" --memory 2GiB -- "$PROBE" dlopen init capture \
-        stream-async:1536 free:0 capture-end info alloc:1024 graph-launch info sync info \
-        alloc:1024 graph-trim info alloc:1024 2>>"$LOG" | paste -sd';')")"
+        stream-async:1536 free:0 capture-end info alloc:1024 graph-reserved graph-launch \
+        graph-reserved info sync graph-reserved info alloc:1024 graph-trim graph-reserved info \
+        alloc:1024 2>>"$LOG" | paste -sd';')")"
     log "== graph launch cost: an empty graph launched 20000 times, with and without the limiter"
     steps=(dlopen init capture capture-end graph-launches:20000)
     record graph_launch_limiter "$(json_str "$("${RUN[@]}" --memory 2GiB -- "$PROBE" "${steps[@]}" \

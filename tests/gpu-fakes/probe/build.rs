@@ -60,6 +60,7 @@ const SYMBOLS: &[&str] = &[
     "cuGraphLaunch",
     "cuGraphExecDestroy",
     "cuDeviceGraphMemTrim",
+    "cuDeviceGetGraphMemAttribute",
 ];
 
 fn main() {

@@ -22,6 +22,7 @@
 //! `cuGraphAddNode`), `graph-launch` (instantiates the graph the first time, then
 //! launches it on the stream), `graph-launches:N` (N launches, then `cuCtxSynchronize`: the
 //! time per launch), `graph-exec-destroy`, `graph-trim` (`cuDeviceGraphMemTrim`),
+//! `graph-reserved` (what device 0's graph allocator holds, as the driver says),
 //! `ctx-destroy` (destroys `init`'s context and makes a new one current), `ctx-destroy-v1` (the
 //! same through the pre-4.0 `cuCtxDestroy`), `primary` (retains
 //! device 0's primary context and makes it current), `primary-release`, `primary-reset`,
@@ -154,6 +155,8 @@ pub struct Graphs {
     pub launch: unsafe extern "C" fn(*mut c_void, *mut c_void) -> CuResult,
     pub exec_destroy: unsafe extern "C" fn(*mut c_void) -> CuResult,
     pub mem_trim: unsafe extern "C" fn(c_int) -> CuResult,
+    /// `cuDeviceGetGraphMemAttribute`: what the graph allocator holds, as the driver says.
+    pub mem_attribute: unsafe extern "C" fn(c_int, c_int, *mut u64) -> CuResult,
 }
 
 impl Graphs {
@@ -181,6 +184,7 @@ impl Graphs {
             launch: required!(resolve, c"cuGraphLaunch"),
             exec_destroy: required!(resolve, c"cuGraphExecDestroy"),
             mem_trim: required!(resolve, c"cuDeviceGraphMemTrim"),
+            mem_attribute: required!(resolve, c"cuDeviceGetGraphMemAttribute"),
         }
     }
 }
@@ -848,6 +852,12 @@ fn run_steps(cuda: &Cuda, steps: &[String], held: &mut Vec<Held>, prefix: &str) 
                 let rc = unsafe { (cuda.graphs.exec_destroy)(handle(&EXEC)) };
                 set_handle(&EXEC, std::ptr::null_mut());
                 format!("graph-exec-destroy rc={rc}")
+            }
+            "graph-reserved" => {
+                let mut bytes = 0u64;
+                // SAFETY: device 0, CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT, a valid out-pointer.
+                let rc = unsafe { (cuda.graphs.mem_attribute)(0, 2, &mut bytes) };
+                format!("graph-reserved rc={rc} mib={}", bytes / MIB as u64)
             }
             "graph-trim" => {
                 // SAFETY: a plain device ordinal.

@@ -109,6 +109,7 @@ unsafe extern "C" {
     fn cuGraphLaunch(exec: *mut c_void, stream: *mut c_void) -> CuResult;
     fn cuGraphExecDestroy(exec: *mut c_void) -> CuResult;
     fn cuDeviceGraphMemTrim(dev: c_int) -> CuResult;
+    fn cuDeviceGetGraphMemAttribute(dev: c_int, attr: c_int, value: *mut u64) -> CuResult;
     // The legacy (pre-3.2) entry points, as a binary built against CUDA < 3.2 links them.
     fn cuMemAlloc(dptr: *mut u32, bytes: c_uint) -> CuResult;
     fn cuMemAllocPitch(
@@ -176,6 +177,7 @@ fn main() {
             launch: cuGraphLaunch,
             exec_destroy: cuGraphExecDestroy,
             mem_trim: cuDeviceGraphMemTrim,
+            mem_attribute: cuDeviceGetGraphMemAttribute,
         },
         legacy: Some(Legacy {
             alloc: cuMemAlloc,
