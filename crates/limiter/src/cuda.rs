@@ -223,9 +223,15 @@ fn current_device() -> Result<CuDevice, CuResult> {
     Ok(dev)
 }
 
+/// The current context's device and its limits-file position.
+fn current_device_pos(lim: &Limiter) -> Result<(CuDevice, usize), CuResult> {
+    let dev = current_device()?;
+    Ok((dev, device_pos(lim, dev)?))
+}
+
 /// The limits-file position of the current context's device.
 fn current_pos(lim: &Limiter) -> Result<usize, CuResult> {
-    device_pos(lim, current_device()?)
+    current_device_pos(lim).map(|(_, pos)| pos)
 }
 
 /// Who frees an allocation besides its own free.
@@ -463,7 +469,7 @@ fn alloc_pooled(
     let Some(lim) = limiter() else {
         return CUDA_ERROR_NOT_PERMITTED;
     };
-    let (dev, pos) = match current_device().and_then(|d| Ok((d, device_pos(lim, d)?))) {
+    let (dev, pos) = match current_device_pos(lim) {
         Ok(p) => p,
         Err(rc) => return rc,
     };
@@ -820,7 +826,7 @@ fn graph_memory_changes(launch: Launch, forward: impl FnOnce() -> CuResult) -> C
     if let Some(lim) = state::loaded_limiter()
         && graph_memory_readable()
     {
-        if let Ok((dev, pos)) = current_device().and_then(|d| Ok((d, device_pos(lim, d)?))) {
+        if let Ok((dev, pos)) = current_device_pos(lim) {
             state::pool_book(graph_key(dev), pos);
         }
         for (pool, generation) in state::pools() {

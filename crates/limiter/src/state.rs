@@ -675,10 +675,7 @@ pub(crate) fn pool_untake_kept(pool: u64, took: u64) {
 pub(crate) fn record_pooled(lim: &Limiter, key: u64, counted: Counted) {
     if counted.pool != 0 {
         TABLE.with(|b| {
-            let p = b.pools.entry(counted.pool).or_insert(PoolBook {
-                pos: counted.pos,
-                ..PoolBook::default()
-            });
+            let p = book(b, counted.pool, counted.pos);
             if p.pos == counted.pos {
                 p.live += counted.bytes;
                 p.generation += 1;
@@ -692,16 +689,22 @@ pub(crate) fn record_pooled(lim: &Limiter, key: u64, counted: Counted) {
 /// counted at the next reading).
 pub(crate) fn pool_book(pool: u64, pos: usize) {
     TABLE.with(|b| {
-        b.pools.entry(pool).or_insert(PoolBook {
-            pos,
-            ..PoolBook::default()
-        });
+        book(b, pool, pos);
     });
 }
 
+/// `pool`'s book, made for GPU `pos` if there is none.
+fn book(b: &mut Books, pool: u64, pos: usize) -> &mut PoolBook {
+    b.pools.entry(pool).or_insert(PoolBook {
+        pos,
+        ..PoolBook::default()
+    })
+}
+
 /// A pool allocation was freed: its memory goes back to its pool, which keeps it (still
-/// counted) until the driver says it let it go; `pending` (a graph's free node): until a
-/// launch, whatever the driver says. Given back at once if the pool is not booked.
+/// counted) until the driver says it let it go; `pending` (a graph's free node): also until a
+/// launch after which the graph allocator holds as much ([`PoolBook::pending`]). Given back at
+/// once if the pool is not booked.
 pub(crate) fn pool_freed(lim: &Limiter, c: Counted, pending: bool) {
     let booked = TABLE.with(|b| {
         let Some(p) = b.pools.get_mut(&c.pool).filter(|p| p.pos == c.pos) else {

@@ -954,14 +954,30 @@ pub unsafe extern "C" fn cuGraphAddMemAllocNode(
     if params.is_null() {
         return INVALID_VALUE;
     }
+    if let Err(rc) = ready() {
+        return rc;
+    }
     // SAFETY: checked non-null; the caller's parameters.
-    let params = unsafe { &mut *params };
-    match ready().and_then(|()| graph_alloc_node(graph, params.bytesize as u64)) {
+    alloc_node_out(node, graph, unsafe { &mut *params })
+}
+
+/// An allocation node of `params.bytesize` in `graph`: its address written to `params.dptr`
+/// and `node`.
+fn alloc_node_out(node: *mut u64, graph: u64, params: &mut MemAllocNodeParams) -> CuResult {
+    match graph_alloc_node(graph, params.bytesize as u64) {
         Ok(va) => {
             params.dptr = va;
             out(node, Ok(va))
         }
         Err(rc) => rc,
+    }
+}
+
+/// A free node of `dptr` in `graph`, written to `node`.
+fn free_node_out(node: *mut u64, graph: u64, dptr: u64) -> CuResult {
+    match graph_free_node(graph, dptr) {
+        SUCCESS => out(node, Ok(dptr | 1)),
+        rc => rc,
     }
 }
 
@@ -973,9 +989,9 @@ pub unsafe extern "C" fn cuGraphAddMemFreeNode(
     _ndeps: usize,
     dptr: u64,
 ) -> CuResult {
-    match ready().map(|()| graph_free_node(graph, dptr)) {
-        Ok(SUCCESS) => out(node, Ok(dptr | 1)),
-        Ok(rc) | Err(rc) => rc,
+    match ready() {
+        Ok(()) => free_node_out(node, graph, dptr),
+        Err(rc) => rc,
     }
 }
 
@@ -1018,25 +1034,12 @@ unsafe fn add_node(node: *mut u64, graph: u64, params: *mut c_void) -> CuResult 
     // SAFETY: a valid `CUgraphNodeParams`: its type, its parameters at byte 16.
     let (node_type, body) = unsafe { (*(params as *const c_int), params.cast::<u8>().add(16)) };
     match node_type {
-        GRAPH_NODE_TYPE_MEM_ALLOC => {
-            // SAFETY: an allocation node's parameters.
-            let p = unsafe { &mut *body.cast::<MemAllocNodeParams>() };
-            match graph_alloc_node(graph, p.bytesize as u64) {
-                Ok(va) => {
-                    p.dptr = va;
-                    out(node, Ok(va))
-                }
-                Err(rc) => rc,
-            }
-        }
-        GRAPH_NODE_TYPE_MEM_FREE => {
-            // SAFETY: a free node's parameters: its address.
-            let dptr = unsafe { *body.cast::<u64>() };
-            match graph_free_node(graph, dptr) {
-                SUCCESS => out(node, Ok(dptr | 1)),
-                rc => rc,
-            }
-        }
+        // SAFETY: an allocation node's parameters.
+        GRAPH_NODE_TYPE_MEM_ALLOC => alloc_node_out(node, graph, unsafe {
+            &mut *body.cast::<MemAllocNodeParams>()
+        }),
+        // SAFETY: a free node's parameters: its address.
+        GRAPH_NODE_TYPE_MEM_FREE => free_node_out(node, graph, unsafe { *body.cast::<u64>() }),
         _ => INVALID_VALUE,
     }
 }

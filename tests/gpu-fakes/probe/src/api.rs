@@ -540,6 +540,18 @@ fn device0_alloc_node(bytes: usize) -> MemAllocNodeParams {
     }
 }
 
+/// Instantiates the graph the steps built, unless its executable graph exists: the rc.
+fn step_exec(cuda: &Cuda) -> CuResult {
+    if !handle(&EXEC).is_null() {
+        return 0;
+    }
+    let mut e = std::ptr::null_mut();
+    // SAFETY: the graph the steps built and a valid out-pointer.
+    let rc = unsafe { (cuda.graphs.instantiate)(&mut e, handle(&GRAPH), 0) };
+    set_handle(&EXEC, e);
+    rc
+}
+
 /// The probe's stream, made on first use.
 fn step_stream(cuda: &Cuda) -> *mut c_void {
     if handle(&STREAM).is_null() {
@@ -805,42 +817,30 @@ fn run_steps(cuda: &Cuda, steps: &[String], held: &mut Vec<Held>, prefix: &str) 
                 hold(held, rc, Held::GenericNode(dptr), op)
             }
             "graph-launch" => {
-                // SAFETY: the graph the steps built, its executable graph, the probe's stream.
-                let rc = unsafe {
-                    let mut rc = 0;
-                    if handle(&EXEC).is_null() {
-                        let mut e = std::ptr::null_mut();
-                        rc = (cuda.graphs.instantiate)(&mut e, handle(&GRAPH), 0);
-                        set_handle(&EXEC, e);
-                    }
-                    if rc == 0 {
-                        rc = (cuda.graphs.launch)(handle(&EXEC), step_stream(cuda));
-                    }
-                    rc
-                };
+                let mut rc = step_exec(cuda);
+                if rc == 0 {
+                    // SAFETY: the executable graph and the probe's stream.
+                    rc = unsafe { (cuda.graphs.launch)(handle(&EXEC), step_stream(cuda)) };
+                }
                 format!("graph-launch rc={rc}")
             }
             "graph-launches" => {
                 let n = num(parts.next()).max(1);
+                let mut rc = step_exec(cuda);
+                let (exec, stream) = (handle(&EXEC), step_stream(cuda));
                 // SAFETY: as `graph-launch`, `n` times; then the stream is synchronized.
-                let (rc, took) = unsafe {
-                    let mut rc = 0;
-                    if handle(&EXEC).is_null() {
-                        let mut e = std::ptr::null_mut();
-                        rc = (cuda.graphs.instantiate)(&mut e, handle(&GRAPH), 0);
-                        set_handle(&EXEC, e);
-                    }
+                let took = unsafe {
                     let t0 = std::time::Instant::now();
                     for _ in 0..n {
                         if rc != 0 {
                             break;
                         }
-                        rc = (cuda.graphs.launch)(handle(&EXEC), step_stream(cuda));
+                        rc = (cuda.graphs.launch)(exec, stream);
                     }
                     if rc == 0 {
                         rc = (cuda.pools.ctx_synchronize)();
                     }
-                    (rc, t0.elapsed())
+                    t0.elapsed()
                 };
                 format!(
                     "graph-launches rc={rc} us_per_launch={:.2}",
