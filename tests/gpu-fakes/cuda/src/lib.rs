@@ -23,7 +23,7 @@
 //! `gpushareFakeCudaUsedBytes` tells a test what the "driver" holds;
 //! `gpushareFakeCudaSetAllocDelayUs` keeps every allocation inside the driver for a while and
 //! `gpushareFakeCudaAllocsInFlight` says how many are (for forking mid-allocation). Its own
-//! state survives `fork` at any instant (the allocation table's lock is held across it).
+//! state survives `fork` at any instant (every lock of its tables is held across it).
 
 #![allow(non_snake_case, clippy::missing_safety_doc)]
 
@@ -111,11 +111,25 @@ fn register_fork_handlers() {
     if FORK_HANDLERS.swap(true, SeqCst) {
         return;
     }
+    // Every lock of the fake, so that a child forked while another thread holds one finds it
+    // free (no code here holds two at once, so the order cannot deadlock).
     extern "C" fn prepare() {
         ALLOCS.lock();
         POOLS.lock();
+        POOL_ALLOCS.lock();
+        VMM.lock();
+        CAPTURES.lock();
+        GRAPHS.lock();
+        EXECS.lock();
+        GRAPH_MEM.lock();
     }
     extern "C" fn after() {
+        GRAPH_MEM.unlock();
+        EXECS.unlock();
+        GRAPHS.unlock();
+        CAPTURES.unlock();
+        VMM.unlock();
+        POOL_ALLOCS.unlock();
         POOLS.unlock();
         ALLOCS.unlock();
     }
