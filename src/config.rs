@@ -95,6 +95,13 @@ pub struct NodeConfig {
     pub mps_pipe_root: PathBuf,
     /// Refuse assigned containers that kubelet granted nothing (see `RequestRules`).
     pub require_grant: bool,
+    /// Namespaces whose containers granted no GPU are left as they were created: their
+    /// image's `NVIDIA_VISIBLE_DEVICES` (every GPU, say) is kept, not set to `void`, and a
+    /// resync does not kill one created while no agent ran. For the GPU software that needs
+    /// whole GPUs outside any quota (the NVIDIA device plugin, DCGM exporter, the GPU
+    /// Operator's validators): list only namespaces where only administrators create pods.
+    /// Empty by default: no container gets a GPU without a grant.
+    pub passthrough_namespaces: Vec<String>,
     /// The agent's CPU niceness, set at start for all its threads (-20..19; `0` leaves it as
     /// started). It answers every container creation within the runtime's NRI timeout (2 s:
     /// containerd drops a plugin that misses it) and times every freeze of the containers it
@@ -204,6 +211,7 @@ impl Default for NodeConfig {
             enforcement: Enforcement::Throttle,
             mps_pipe_root: PathBuf::from("/run/gpushare/mps"),
             require_grant: true,
+            passthrough_namespaces: Vec::new(),
             nice: -10,
             status_listen: None,
             status_socket: PathBuf::from(DEFAULT_STATUS_SOCKET),
@@ -250,6 +258,10 @@ pub enum ConfigError {
     SimOnHostDev(PathBuf),
     #[error("status_socket {0:?} must be an absolute path (or empty: no status socket)")]
     StatusSocketRelative(PathBuf),
+    #[error(
+        "passthrough_namespaces: {0:?} is not a namespace name (a DNS-1123 label: at most 63 of a-z, 0-9 and '-', starting and ending with a letter or digit)"
+    )]
+    PassthroughNamespace(String),
 }
 
 impl NodeConfig {
@@ -292,6 +304,13 @@ impl NodeConfig {
             return Err(ConfigError::StatusSocketRelative(
                 self.status_socket.clone(),
             ));
+        }
+        if let Some(ns) = self
+            .passthrough_namespaces
+            .iter()
+            .find(|ns| !crate::scheduler::server::is_dns_label(ns))
+        {
+            return Err(ConfigError::PassthroughNamespace(ns.clone()));
         }
         if !self.nri && !self.runtime_api.enabled {
             return Err(ConfigError::NoRuntimeLink);
@@ -407,6 +426,16 @@ mod tests {
             ..Default::default()
         };
         assert!(cfg.validate().is_err());
+        let cfg = NodeConfig {
+            passthrough_namespaces: vec!["gpu-operator".into(), "Kube_System".into()],
+            ..Default::default()
+        };
+        assert!(
+            cfg.validate()
+                .unwrap_err()
+                .to_string()
+                .starts_with("passthrough_namespaces: \"Kube_System\" is not a namespace name"),
+        );
         // Without NRI, the registry's only source at start is runc's state.
         let mut cfg = NodeConfig {
             nri: false,

@@ -68,6 +68,7 @@ pub fn metrics(node: &Node) -> String {
         ("gpu", &s.creates_gpu),
         ("passthrough", &s.creates_passthrough),
         ("neutralized", &s.creates_neutralized),
+        ("exempt", &s.creates_exempt),
         ("refused", &s.creates_refused),
     ] {
         m.sample(&[("result", result)], v.load(Ordering::Relaxed));

@@ -430,3 +430,195 @@ fn a_gpu_container_created_without_the_agent_is_killed_at_the_resync() {
     assert!(node.unaccounted.lock().unwrap().is_empty());
     assert_eq!(node.stats.killed_unadjusted.load(Ordering::Relaxed), 0);
 }
+
+/// A container granted no GPU whose image selects every GPU (`NVIDIA_VISIBLE_DEVICES=all`).
+fn cuda_image_ctr(id: &str, pod: &str, env: &[&str]) -> Container {
+    let mut c = ctr(id, pod, None, None);
+    c.linux.as_mut().unwrap().devices.clear();
+    c.env = env.iter().map(|s| s.to_string()).collect();
+    c
+}
+
+fn in_namespace(mut p: PodSandbox, namespace: &str) -> PodSandbox {
+    p.namespace = namespace.into();
+    p
+}
+
+/// In a `passthrough_namespaces` namespace (the DCGM exporter's, say) a container granted no
+/// GPU keeps the NVIDIA_* environment its image has, repeated or not; everywhere else it gets
+/// `NVIDIA_VISIBLE_DEVICES=void`; a GPU container there is adjusted as anywhere.
+#[test]
+fn a_container_granted_no_gpu_keeps_its_gpu_environment_only_in_a_passthrough_namespace() {
+    use gpushare::nri::service::Handler;
+    use std::sync::atomic::Ordering;
+
+    let mut state = AgentState::in_memory("test-node");
+    state.passthrough_namespaces = ["gpu-operator".to_string()].into();
+    let node = Node::new(state);
+    let all = [
+        "NVIDIA_VISIBLE_DEVICES=all",
+        "NVIDIA_DRIVER_CAPABILITIES=all",
+    ];
+    let exempt = in_namespace(pod("p1", None), "gpu-operator");
+    assert!(
+        node.create_container(&exempt, &cuda_image_ctr("c1", "p1", &all))
+            .unwrap()
+            .is_none(),
+        "left as created"
+    );
+    let twice = ["NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_VISIBLE_DEVICES=all"];
+    assert!(
+        node.create_container(&exempt, &cuda_image_ctr("c2", "p1", &twice))
+            .unwrap()
+            .is_none(),
+        "a repeated variable is not refused where nothing is adjusted"
+    );
+    assert_eq!(node.stats.creates_exempt.load(Ordering::Relaxed), 2);
+    assert!(
+        gpushare::status::metrics(&node)
+            .contains("gpushare_create_container_total{result=\"exempt\"} 2\n")
+    );
+
+    let adj = node
+        .create_container(&pod("p2", None), &cuda_image_ctr("c3", "p2", &all))
+        .unwrap()
+        .expect("neutralized outside the namespace");
+    let env: HashMap<String, String> = adj
+        .env
+        .iter()
+        .map(|kv| (kv.key.clone(), kv.value.clone()))
+        .collect();
+    assert_eq!(env["NVIDIA_VISIBLE_DEVICES"], "void");
+    assert_eq!(env["NVIDIA_DRIVER_CAPABILITIES"], "");
+    let e = node
+        .create_container(&pod("p2", None), &cuda_image_ctr("c4", "p2", &twice))
+        .unwrap_err();
+    assert!(
+        e.message.contains("sets NVIDIA_VISIBLE_DEVICES 2 times"),
+        "{}",
+        e.message
+    );
+
+    let gpu_pod = in_namespace(pod("p3", Some(assignment(2, 1024, 10))), "gpu-operator");
+    let mut gpu = ctr("c5", "p3", Some("1"), Some("10"));
+    gpu.env = all.iter().map(|s| s.to_string()).collect();
+    let adj = node
+        .create_container(&gpu_pod, &gpu)
+        .unwrap()
+        .expect("a GPU container is adjusted in any namespace");
+    let visible = adj.env.iter().find(|kv| kv.key == "NVIDIA_VISIBLE_DEVICES");
+    assert_ne!(
+        visible.map(|kv| kv.value.as_str()),
+        Some("all"),
+        "{visible:?}"
+    );
+    assert!(adj.linux.as_ref().is_some_and(|l| !l.devices.is_empty()));
+    assert_eq!(node.stats.creates_exempt.load(Ordering::Relaxed), 2);
+}
+
+/// A container granted no GPU, created while the agent was gone with its image's
+/// `NVIDIA_VISIBLE_DEVICES=all` (a runtime that reads it gives it every GPU): killed at the
+/// resync, so that it is created again through the agent. Left alone: one the agent
+/// neutralized, one with no GPU environment, one in a passthrough namespace, a stopped one.
+/// Where it cannot be killed it is unaccounted and keeps new GPU containers out.
+#[test]
+fn a_container_granted_no_gpu_created_with_every_gpu_without_the_agent_is_killed_at_the_resync() {
+    use gpushare::nri::service::Handler;
+    use gpushare::throttle::controller::{ControllerLink, ThrottleStats};
+    use gpushare::throttle::fixture;
+    use std::os::unix::process::ExitStatusExt;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    let all = ["NVIDIA_VISIBLE_DEVICES=all", "CUDA_VERSION=12.4.1"];
+    let mut stopped = cuda_image_ctr("n4", "p1", &all);
+    stopped.state = ContainerState::CONTAINER_STOPPED.into();
+    let sync = SynchronizeRequest {
+        pods: vec![
+            pod("p1", None),
+            in_namespace(pod("p2", None), "gpu-operator"),
+        ],
+        containers: vec![
+            cuda_image_ctr("n1", "p1", &all),
+            cuda_image_ctr(
+                "n2",
+                "p1",
+                &["NVIDIA_VISIBLE_DEVICES=void", "CUDA_VERSION=12.4.1"],
+            ),
+            cuda_image_ctr("n3", "p2", &all),
+            stopped,
+            cuda_image_ctr("n5", "p1", &["PATH=/bin"]),
+        ],
+        ..Default::default()
+    };
+    let state = || {
+        let mut s = AgentState::in_memory("test-node");
+        s.passthrough_namespaces = ["gpu-operator".to_string()].into();
+        s
+    };
+
+    // No controller on this node: it cannot be killed, so it is unaccounted.
+    let node = Node::new(state());
+    node.synchronize(&sync).unwrap();
+    let unaccounted = node.unaccounted.lock().unwrap().clone();
+    assert_eq!(
+        unaccounted.keys().collect::<Vec<_>>(),
+        ["n1"],
+        "{unaccounted:?}"
+    );
+    assert_eq!(
+        unaccounted["n1"],
+        "created without the agent's adjustment (granted no GPU, its NVIDIA_VISIBLE_DEVICES \"all\" and not void) and cannot be killed: no throttling controller runs on this node"
+    );
+    let e = node
+        .create_container(
+            &pod("p9", Some(assignment(1, 1024, 10))),
+            &ctr("c9", "p9", Some("1"), Some("10")),
+        )
+        .unwrap_err();
+    assert!(
+        e.message.contains("container n1: created without"),
+        "{}",
+        e.message
+    );
+
+    // With one: n1's processes get SIGKILL; the others' keep running.
+    let tmp = tempfile::tempdir().unwrap();
+    let ids = ["n1", "n2", "n3", "n4", "n5"];
+    let rels: Vec<String> = ids.iter().map(|id| format!("k8s/{id}")).collect();
+    let rels: Vec<&str> = rels.iter().map(String::as_str).collect();
+    let fs = fixture::fake_v1(tmp.path(), &rels);
+    let mut procs: Vec<std::process::Child> = ids
+        .iter()
+        .map(|id| {
+            let child = std::process::Command::new("sleep")
+                .arg("60")
+                .spawn()
+                .unwrap();
+            fixture::put(
+                &tmp.path().join(format!("freezer/k8s/{id}/cgroup.procs")),
+                &format!("{}\n", child.id()),
+            );
+            child
+        })
+        .collect();
+    let node = Node::new(state());
+    node.attach(
+        Arc::new(ThrottleStats::default()),
+        Arc::new(ControllerLink::new(fs)),
+        Arc::new(AtomicBool::new(true)),
+    );
+    node.synchronize(&sync).unwrap();
+    let status = procs[0].wait().unwrap();
+    assert_eq!(status.signal(), Some(9), "n1 killed: {status:?}");
+    for (id, p) in ids.iter().zip(procs.iter_mut()).skip(1) {
+        assert!(p.try_wait().unwrap().is_none(), "{id} left running");
+        p.kill().unwrap();
+        p.wait().unwrap();
+    }
+    assert!(node.unaccounted.lock().unwrap().is_empty());
+    assert_eq!(node.stats.killed_unadjusted.load(Ordering::Relaxed), 1);
+    assert!(
+        node.registry.get("n1").is_none(),
+        "no GPU: not on the books"
+    );
+}

@@ -491,7 +491,7 @@ fn every_node_config_key_is_in_the_reference() {
 #[test]
 fn every_runtime_config_key_is_in_the_reference() {
     let keys = leaves(&traced_paths::<ClientConfig>().expect("trace ClientConfig"));
-    assert_eq!(keys.len(), 3, "{keys:?}");
+    assert_eq!(keys.len(), 4, "{keys:?}");
     let text = subsections(reference(), "runtime.toml");
     let gone = missing(&text, &keys);
     assert!(

@@ -35,6 +35,10 @@ pub struct NodeArgs {
     /// `[runtime_api] runc_roots`).
     #[arg(long)]
     pub runc_root: Vec<PathBuf>,
+    /// A namespace whose containers granted no GPU keep their image's NVIDIA_* environment
+    /// (repeatable; `passthrough_namespaces`): for the NVIDIA device plugin, DCGM exporter.
+    #[arg(long)]
+    pub passthrough_namespace: Vec<String>,
     #[arg(long, value_enum)]
     pub gpu_backend: Option<GpuBackend>,
     /// Where GPU device nodes live (sim: created there).
@@ -134,6 +138,9 @@ impl NodeConfig {
         }
         if !args.runc_root.is_empty() {
             self.runtime_api.runc_roots = args.runc_root.clone();
+        }
+        if !args.passthrough_namespace.is_empty() {
+            self.passthrough_namespaces = args.passthrough_namespace.clone();
         }
         set(&mut self.gpu_backend, &args.gpu_backend);
         set(&mut self.sim.count, &args.sim_gpus);

@@ -1,7 +1,7 @@
 //! The node agent's NRI handler: turns the runtime's events into decisions with the pure
 //! modules (`request`, `adjust`) and keeps the container registry.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
@@ -52,6 +52,9 @@ pub struct AgentState {
     /// `nri_confirm_grace_ms`: how long an NRI admission may stay unconfirmed by the runtime.
     #[serde(skip)]
     pub confirm_grace: Duration,
+    /// `passthrough_namespaces`: their containers granted no GPU are left as created.
+    #[serde(skip)]
+    pub passthrough_namespaces: BTreeSet<String>,
 }
 
 /// Where the in-container limiter's files live on the host.
@@ -215,6 +218,7 @@ impl AgentState {
             enforce_quotas: false,
             mps_pipe_root: None,
             confirm_grace: Duration::from_secs(60),
+            passthrough_namespaces: BTreeSet::new(),
         }
     }
 
@@ -259,6 +263,7 @@ impl AgentState {
             mps_pipe_root: (cfg.enforcement == Enforcement::Mps)
                 .then(|| cfg.mps_pipe_root.to_string_lossy().into_owned()),
             confirm_grace: Duration::from_millis(cfg.nri_confirm_grace_ms),
+            passthrough_namespaces: cfg.passthrough_namespaces.iter().cloned().collect(),
         })
     }
 }
@@ -402,10 +407,15 @@ pub struct Stats {
     pub creates_passthrough: AtomicU64,
     /// Containers granted no GPU whose GPU-selecting environment was neutralized.
     pub creates_neutralized: AtomicU64,
+    /// Containers granted no GPU in a `passthrough_namespaces` namespace whose GPU-selecting
+    /// environment was kept.
+    pub creates_exempt: AtomicU64,
     pub creates_refused: AtomicU64,
     /// `creates_refused` by reason ([`REFUSAL_REASONS`], same order).
     pub refused_by: [AtomicU64; REFUSAL_REASONS.len()],
-    /// GPU containers found at a resync without the agent's adjustment, and killed.
+    /// Containers found at a resync without the agent's adjustment, and killed: GPU
+    /// containers without their device nodes, containers granted no GPU whose environment
+    /// still selects GPUs.
     pub killed_unadjusted: AtomicU64,
     pub syncs: AtomicU64,
     pub connected: AtomicBool,
@@ -771,25 +781,86 @@ impl Node {
     /// controller here, or the kill fails) it stays on the books as unaccounted, and new GPU
     /// containers are refused until it is gone.
     fn kill_unadjusted(&self, rec: &mut ContainerRecord, missing: &str) {
+        let pod = format!("{}/{}", rec.pod_namespace, rec.pod_name);
+        if self.kill_created_unseen(
+            &rec.id,
+            &rec.cgroups_path,
+            &pod,
+            &rec.container_name,
+            missing,
+        ) {
+            rec.state = ContainerState::Stopped;
+        }
+    }
+
+    /// Kills container `id` (of `pod`, named `name`), found at a resync without the
+    /// adjustment this agent gives every container it sees created (`missing` says what it
+    /// lacks); `false` when it cannot be killed: it is then unaccounted (new GPU containers are
+    /// refused, naming it, until it is gone).
+    fn kill_created_unseen(
+        &self,
+        id: &str,
+        cgroups_path: &str,
+        pod: &str,
+        name: &str,
+        missing: &str,
+    ) -> bool {
         let outcome = match self.throttle.get() {
-            Some(a) => a.link.kill(&rec.id, &rec.cgroups_path),
+            Some(a) => a.link.kill(id, cgroups_path),
             None => Err("no throttling controller runs on this node".into()),
         };
-        let pod = format!("{}/{}", rec.pod_namespace, rec.pod_name);
         match outcome {
             Ok(signalled) => {
-                rec.state = ContainerState::Stopped;
                 self.stats.killed_unadjusted.fetch_add(1, Ordering::Relaxed);
-                tracing::error!(%pod, container = %rec.container_name, id = %rec.id, %missing, signalled, "GPU container created without this agent's adjustment: killed, to be created again through the agent");
+                tracing::error!(%pod, container = %name, %id, %missing, signalled, "container created without this agent's adjustment: killed, to be created again through the agent");
+                true
             }
             Err(why) => {
-                tracing::error!(%pod, container = %rec.container_name, id = %rec.id, %missing, error = %why, "GPU container created without this agent's adjustment cannot be killed; refusing new GPU containers until it is gone");
+                tracing::error!(%pod, container = %name, %id, %missing, error = %why, "container created without this agent's adjustment cannot be killed; refusing new GPU containers until it is gone");
                 self.sync_unaccounted.lock().expect("sync lock").insert(
-                    rec.id.clone(),
+                    id.to_string(),
                     format!("created without the agent's adjustment ({missing}) and cannot be killed: {why}"),
                 );
+                false
             }
         }
+    }
+
+    /// A container granted no GPU, found at a resync with an environment that selects GPUs
+    /// from a runtime that reads it (created while no agent ran, so nothing set
+    /// `NVIDIA_VISIBLE_DEVICES=void`): killed, to be created again through the agent, unless
+    /// it is stopped, in a `passthrough_namespaces` namespace, or the agent's own container.
+    fn kill_unneutralized(&self, state: &AgentState, pod: &PodSandbox, ctr: &Container) {
+        if matches!(ctr.state.enum_value(), Ok(NriState::CONTAINER_STOPPED))
+            || adjust::neutralized(&ctr.env)
+            || state.passthrough_namespaces.contains(&pod.namespace)
+            || own_container(&ctr.id)
+        {
+            return;
+        }
+        let visible = ctr
+            .env
+            .iter()
+            .find_map(|kv| kv.strip_prefix("NVIDIA_VISIBLE_DEVICES="))
+            .map_or("unset".to_string(), |v| format!("{v:?}"));
+        let missing = format!("granted no GPU, its NVIDIA_VISIBLE_DEVICES {visible} and not void");
+        let cgroups_path = ctr.linux.as_ref().map_or("", |l| l.cgroups_path.as_str());
+        self.kill_created_unseen(
+            &ctr.id,
+            cgroups_path,
+            &format!("{}/{}", pod.namespace, pod.name),
+            &ctr.name,
+            &missing,
+        );
+    }
+
+    /// Whether container `ctr` of `pod` is left as created: granted no GPU, in a
+    /// `passthrough_namespaces` namespace.
+    fn passes_through(&self, pod: &PodSandbox, ctr: &Container) -> bool {
+        !has_gpu_hint(pod, ctr)
+            && self
+                .state()
+                .is_some_and(|s| s.passthrough_namespaces.contains(&pod.namespace))
     }
 
     /// The decision on a container being created, as plain data (`None`: leave it as it
@@ -802,7 +873,7 @@ impl Node {
         ctr: &Container,
     ) -> Result<Option<adjust::Adjustment>, HandlerError> {
         if !has_gpu_hint(pod, ctr) {
-            return Ok(self.no_gpu(ctr));
+            return Ok(self.no_gpu(pod, ctr));
         }
         let span = tracing::info_span!("create", pod = %format!("{}/{}", pod.namespace, pod.name), container = %ctr.name, id = %ctr.id);
         let _g = span.enter();
@@ -810,7 +881,7 @@ impl Node {
         let state = self.require_state()?;
         let admitting = self.admitting.lock().unwrap_or_else(|e| e.into_inner());
         match self.decide(&state, pod, ctr) {
-            Ok(None) => Ok(self.no_gpu(ctr)),
+            Ok(None) => Ok(self.no_gpu(pod, ctr)),
             Ok(Some((req, mut adj))) => {
                 adjust::strip_foreign_selectors(&mut adj, &ctr.env);
                 let gpus: Vec<u32> = req.gpus.iter().map(|g| g.index).collect();
@@ -839,9 +910,15 @@ impl Node {
     }
 
     /// A container granted no GPU: passed through unchanged, unless its environment would
-    /// make a runtime that reads it (nvidia-container-runtime) give it GPUs.
-    fn no_gpu(&self, ctr: &Container) -> Option<adjust::Adjustment> {
+    /// make a runtime that reads it (nvidia-container-runtime) give it GPUs and it is not in
+    /// a `passthrough_namespaces` namespace.
+    fn no_gpu(&self, pod: &PodSandbox, ctr: &Container) -> Option<adjust::Adjustment> {
         match adjust::neutralize_non_gpu(&ctr.env) {
+            Some(_) if self.passes_through(pod, ctr) => {
+                self.stats.creates_exempt.fetch_add(1, Ordering::Relaxed);
+                tracing::info!(pod = %format!("{}/{}", pod.namespace, pod.name), container = %ctr.name, id = %ctr.id, "no GPU granted, in a passthrough namespace: its NVIDIA_* environment is kept");
+                None
+            }
             None => {
                 self.stats
                     .creates_passthrough
@@ -883,6 +960,26 @@ fn missing_adjustment(
         .filter(|path| !has.contains(path))
         .collect();
     (!missing.is_empty()).then(|| format!("no device node {}", missing.join(", ")))
+}
+
+/// Whether container `id` is the one this agent runs in (the chart's agent pod asks the
+/// NVIDIA runtime for every GPU, for NVML, and is created while no agent runs).
+fn own_container(id: &str) -> bool {
+    static OWN: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    let own = OWN.get_or_init(|| std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default());
+    in_cgroup_of(id, own)
+}
+
+/// Whether `/proc/PID/cgroup` text `cgroups` places the process in container `id`'s cgroup:
+/// a path component is the id (cgroupfs driver: `…/pod<uid>/<id>`) or has it between `-`,
+/// `.` or `:` (systemd driver: `…/cri-containerd-<id>.scope`, `crio-<id>.scope`).
+fn in_cgroup_of(id: &str, cgroups: &str) -> bool {
+    !id.is_empty()
+        && cgroups
+            .lines()
+            .filter_map(|l| l.splitn(3, ':').nth(2))
+            .flat_map(|path| path.split('/'))
+            .any(|c| c.split(['-', '.', ':']).any(|t| t == id))
 }
 
 fn has_gpu_hint(pod: &PodSandbox, ctr: &Container) -> bool {
@@ -955,7 +1052,7 @@ impl Handler for Node {
                     }
                     buf.push(rec)
                 }
-                Ok(None) => {}
+                Ok(None) => self.kill_unneutralized(&state, pod, ctr),
                 // Created before a config change, say; it keeps running and holds GPU
                 // memory and time we cannot account: it stays on the books as
                 // unaccounted, and nothing new is placed until it is gone.
@@ -1011,7 +1108,9 @@ impl Handler for Node {
         // NRI adjusts the first copy of a variable only (`AdjustEnv`), and a later copy in the
         // spec then overrides it: a container repeating one that gpushare sets or clears is
         // refused. (The runtime-level modes write the spec themselves, every copy included.)
-        if let Some((key, count)) = adjust::repeated_gpu_env(&ctr.env) {
+        if let Some((key, count)) = adjust::repeated_gpu_env(&ctr.env)
+            && !self.passes_through(pod, ctr)
+        {
             let e = DecideError::RepeatedEnv {
                 key: key.to_string(),
                 count,
@@ -1091,6 +1190,27 @@ mod tests {
     use super::*;
     use gpushare_core::request::ASSIGNMENT_ANNOTATION;
     use gpushare_core::request::limits::{GRANTED_CORE_ANNOTATION, GRANTED_MEM_ANNOTATION};
+
+    /// The agent's own container is found in its `/proc/self/cgroup` under both cgroup
+    /// drivers and both cgroup versions; another container's id, or a part of one, is not.
+    #[test]
+    fn the_agents_own_container_is_found_in_its_cgroup() {
+        let id = "4f2d0c7e9a1b";
+        let cgroupfs = format!(
+            "12:freezer:/kubepods/besteffort/pod0b9e-11/{id}\n11:cpuacct,cpu:/kubepods/besteffort/pod0b9e-11/{id}\n"
+        );
+        let systemd = format!(
+            "0::/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod0b9e_11.slice/cri-containerd-{id}.scope\n"
+        );
+        let crio = format!("0::/kubepods.slice/crio-{id}.scope\n");
+        for text in [&cgroupfs, &systemd, &crio] {
+            assert!(in_cgroup_of(id, text), "{text}");
+            assert!(!in_cgroup_of("4f2d0c7e", text), "a prefix: {text}");
+            assert!(!in_cgroup_of("9d81aa03", text), "{text}");
+            assert!(!in_cgroup_of("", text), "{text}");
+        }
+        assert!(!in_cgroup_of(id, "0::/system.slice/gpushare.service\n"));
+    }
 
     /// A pod with an init container `prep` (10 GiB, 60 %) and an app container `main`
     /// (8 GiB, 50 %) on GPU 0 of 15 GiB: the scheduler placed it for the larger, since the

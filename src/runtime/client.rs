@@ -27,6 +27,10 @@ pub struct ClientConfig {
     pub socket: PathBuf,
     /// How long to wait for the agent's answer.
     pub timeout_ms: u64,
+    /// As the agent's `passthrough_namespaces`: a container granted no GPU in one of these
+    /// Kubernetes namespaces (the runtime's `io.kubernetes.*` annotation of its pod) keeps its
+    /// image's NVIDIA_* environment.
+    pub passthrough_namespaces: Vec<String>,
 }
 
 impl Default for ClientConfig {
@@ -35,6 +39,7 @@ impl Default for ClientConfig {
             runtime: PathBuf::from("runc"),
             socket: PathBuf::from(DEFAULT_RUNTIME_SOCKET),
             timeout_ms: 10_000,
+            passthrough_namespaces: Vec::new(),
         }
     }
 }
@@ -47,12 +52,30 @@ impl ClientConfig {
         };
         match std::fs::read_to_string(&path) {
             Ok(text) => {
-                toml::from_str(&text).map_err(|e| format!("invalid config {}: {e}", path.display()))
+                let cfg: ClientConfig = toml::from_str(&text)
+                    .map_err(|e| format!("invalid config {}: {e}", path.display()))?;
+                cfg.validate()
+                    .map_err(|e| format!("invalid config {}: {e}", path.display()))?;
+                Ok(cfg)
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound && !required => {
                 Ok(ClientConfig::default())
             }
             Err(e) => Err(format!("cannot read config {}: {e}", path.display())),
+        }
+    }
+
+    /// Every value is well formed (the agent's config rules).
+    pub fn validate(&self) -> Result<(), String> {
+        match self
+            .passthrough_namespaces
+            .iter()
+            .find(|ns| !crate::scheduler::server::is_dns_label(ns))
+        {
+            Some(ns) => {
+                Err(crate::config::ConfigError::PassthroughNamespace(ns.clone()).to_string())
+            }
+            None => Ok(()),
         }
     }
 
@@ -87,6 +110,12 @@ pub fn prepare(cfg: &ClientConfig, id: &str, b: &mut BundleSpec) -> Result<Prepa
             .and_then(|p| p.env().clone())
             .unwrap_or_default();
         return match adjust::neutralize_non_gpu(&env) {
+            Some(_)
+                if oci::pod_namespace(b)
+                    .is_some_and(|ns| cfg.passthrough_namespaces.contains(&ns)) =>
+            {
+                Ok(Prepared::NotGpu { neutralized: false })
+            }
             Some(adj) => {
                 write(b, &adj)?;
                 Ok(Prepared::NotGpu { neutralized: true })
@@ -186,6 +215,49 @@ mod tests {
             prepare(&nowhere(), "p1", &mut b),
             Ok(Prepared::NotGpu { neutralized: false }),
             "a pod's pause container is left alone"
+        );
+    }
+
+    /// In a passthrough namespace a container granted no GPU keeps its image's environment;
+    /// a GPU container there still needs the agent.
+    #[test]
+    fn a_passthrough_namespace_keeps_the_environment_of_containers_granted_no_gpu() {
+        let cfg = ClientConfig {
+            passthrough_namespaces: vec!["gpu-operator".into()],
+            ..nowhere()
+        };
+        let env = [
+            "NVIDIA_VISIBLE_DEVICES=all",
+            "NVIDIA_DRIVER_CAPABILITIES=all",
+        ];
+        let mut b = spec(
+            json!({"io.kubernetes.cri.sandbox-namespace": "gpu-operator"}),
+            &env,
+        );
+        let before = b.json.clone();
+        assert_eq!(
+            prepare(&cfg, "c1", &mut b),
+            Ok(Prepared::NotGpu { neutralized: false })
+        );
+        assert_eq!(b.json, before);
+        let mut b = spec(json!({"io.kubernetes.pod.namespace": "default"}), &env);
+        assert_eq!(
+            prepare(&cfg, "c2", &mut b),
+            Ok(Prepared::NotGpu { neutralized: true })
+        );
+        let mut b = spec(
+            json!({"io.kubernetes.cri.sandbox-namespace": "gpu-operator", "gpushare.io/granted-mem": "2"}),
+            &env,
+        );
+        assert!(prepare(&cfg, "c3", &mut b).is_err(), "the agent decides");
+        let bad = ClientConfig {
+            passthrough_namespaces: vec!["GPU".into()],
+            ..nowhere()
+        };
+        assert!(
+            bad.validate()
+                .unwrap_err()
+                .contains("\"GPU\" is not a namespace name")
         );
     }
 

@@ -321,6 +321,11 @@ pub fn handle(b: &BundleSpec) -> Option<String> {
 
 /// Whether the spec asks for a GPU at all (the decision is the agent's; a container without
 /// either annotation is not a GPU container).
+/// The Kubernetes namespace of the container's pod, as the runtime annotates it.
+pub fn pod_namespace(b: &BundleSpec) -> Option<String> {
+    first(&b.annotations(), POD_NAMESPACE)
+}
+
 pub fn has_gpu_hint(b: &BundleSpec) -> bool {
     b.annotations()
         .keys()

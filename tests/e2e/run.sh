@@ -42,11 +42,12 @@ LIMITER=$REL/libgpushare_limiter.so
 DRIVER_DIR=$(e2e_gpu_fakes "$REL")
 
 start_agent() {
-    local link=()
+    # gpu-system: the namespace of GPU software that needs whole GPUs (a DCGM exporter, say).
+    local link=(--passthrough-namespace gpu-system)
     if [[ $V == 1.6 ]]; then
         # No NRI: the wrapper reaches the agent on its local socket, and the registry is
         # rebuilt from runc's state at start.
-        link=(--no-nri --runtime-socket "$E2E_ROOT/runtime.sock" --runc-root "$E2E_ROOT/runc/k8s.io")
+        link+=(--no-nri --runtime-socket "$E2E_ROOT/runtime.sock" --runc-root "$E2E_ROOT/runc/k8s.io")
     fi
     e2e_agent_launch "$BIN" "$PORT" "$DRIVER_DIR" "${link[@]}"
     AGENT_PID=$E2E_AGENT_PID
@@ -126,6 +127,26 @@ cleared_env() { # CID NAME...: each variable is unset or empty in the container 
 
 NVIDIA_ALL_ENV='{"envs":[{"key":"NVIDIA_VISIBLE_DEVICES","value":"all"},{"key":"NVIDIA_MIG_CONFIG_DEVICES","value":"all"},{"key":"NVIDIA_DRIVER_CAPABILITIES","value":"all"},{"key":"CUDA_MPS_PIPE_DIRECTORY","value":"/tmp/mps"}]}'
 
+# write_in_namespace NAME NAMESPACE EXTRA_JSON: e2e_write_pod of a pod without a GPU whose
+# container has EXTRA_JSON, in Kubernetes namespace NAMESPACE.
+write_in_namespace() {
+    e2e_write_pod "$1" "" "" "" "" "$3"
+    jq --arg ns "$2" '.metadata.namespace = $ns | .labels["io.kubernetes.pod.namespace"] = $ns' \
+        "$E2E_ROOT/$1.pod.json" >"$E2E_ROOT/$1.pod.json.tmp" && mv "$E2E_ROOT/$1.pod.json.tmp" "$E2E_ROOT/$1.pod.json"
+}
+
+# exited_within SECONDS CID: the container has exited (killed) within SECONDS.
+exited_within() {
+    local i state
+    for ((i = 0; i < $1 * 10; i++)); do
+        state=$(e2e_crictl inspect -o go-template --template '{{.status.state}}' "$2" 2>/dev/null)
+        [[ $state == CONTAINER_EXITED ]] && { echo "$2: $state after ~$((i * 100)) ms"; return 0; }
+        sleep 0.1
+    done
+    echo "$2: still ${state:-unknown} after $1 s"
+    return 1
+}
+
 registry_matches_crictl() {
     local reg run
     reg=$(status registry | jq -r '[.[] | select(.state != "stopped") | .id] | sort | .[]')
@@ -196,8 +217,8 @@ for V in "${VERSIONS[@]}"; do
         # runc; the wrapper's config reaches it through containerd's environment.
         mkdir -p "$root/bin"
         ln -sf "$WRAPPER_BIN" "$root/bin/gpushare-runtime"
-        printf 'runtime = "%s"\nsocket = "%s"\n' "$(command -v runc || echo /usr/sbin/runc)" \
-            "$root/runtime.sock" >"$root/runtime.toml"
+        printf 'runtime = "%s"\nsocket = "%s"\npassthrough_namespaces = ["gpu-system"]\n' \
+            "$(command -v runc || echo /usr/sbin/runc)" "$root/runtime.sock" >"$root/runtime.toml"
         export E2E_RUNC=$root/bin/gpushare-runtime GPUSHARE_RUNTIME_CONFIG=$root/runtime.toml
     fi
     e2e_require "$V: containerd starts" e2e_start_containerd "$V" "$root"
@@ -237,6 +258,15 @@ for V in "${VERSIONS[@]}"; do
     else
         e2e_check "$V: no-GPU container with NVIDIA_VISIBLE_DEVICES=all created" false
     fi
+    # The same in a passthrough namespace (the GPU software that needs whole GPUs) is left as
+    # created.
+    write_in_namespace exempt gpu-system "$NVIDIA_ALL_ENV"
+    if cid=$(run_pod exempt); then
+        e2e_check "$V: in a passthrough namespace a no-GPU container keeps NVIDIA_VISIBLE_DEVICES=all" \
+            e2e_env_is "$cid" NVIDIA_VISIBLE_DEVICES all
+    else
+        e2e_check "$V: no-GPU container in a passthrough namespace created" false
+    fi
     # The same variable twice (kubelet never repeats one; an image's config or a CRI client
     # can). NRI adjusts the first copy only and the second would override it, so the NRI
     # plugin refuses the container rather than let it run with NVIDIA_VISIBLE_DEVICES=all;
@@ -261,7 +291,24 @@ for V in "${VERSIONS[@]}"; do
 
     throttle_step3
     e2e_check "$V: agent SIGKILLed while throttling: the guardian thaws within 1 s" guardian_thaws
+    # Created while no agent runs: containerd skips the missing NRI plugin (the wrapper of 1.6
+    # neutralizes the environment itself).
+    write_in_namespace down-cuda default "$NVIDIA_ALL_ENV"
+    write_in_namespace down-exempt gpu-system "$NVIDIA_ALL_ENV"
+    down_cuda=$(run_pod down-cuda) || down_cuda=
+    down_exempt=$(run_pod down-exempt) || down_exempt=
     e2e_require "$V: agent restarted while containers run" start_agent
+    if [[ $V == 1.6 ]]; then
+        e2e_check "$V: a no-GPU container created through the wrapper while the agent was down got NVIDIA_VISIBLE_DEVICES=void" \
+            e2e_env_is "$down_cuda" NVIDIA_VISIBLE_DEVICES void
+    else
+        e2e_check "$V: a no-GPU container created with NVIDIA_VISIBLE_DEVICES=all while the agent was down is killed at its resync" \
+            exited_within 5 "$down_cuda"
+        e2e_check "$V: … and the agent logs why" \
+            grep -qF 'granted no GPU, its NVIDIA_VISIBLE_DEVICES "all" and not void' "$E2E_ROOT/agent.log"
+    fi
+    e2e_check "$V: … one in a passthrough namespace keeps running with NVIDIA_VISIBLE_DEVICES=all" \
+        e2e_env_is "$down_exempt" NVIDIA_VISIBLE_DEVICES all
     e2e_check "$V: after agent restart the registry matches crictl" registry_matches_crictl
     for p in "${BURN_PODS[@]}"; do e2e_crictl rmp -f "$p" >/dev/null; done
     BURN_PODS=()

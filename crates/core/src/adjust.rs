@@ -95,6 +95,28 @@ pub fn neutralize_non_gpu(env: &[String]) -> Option<Adjustment> {
     })
 }
 
+/// Whether a container granted no GPU already has what [`neutralize_non_gpu`] gives it: every
+/// copy of each variable it sets holds that value, and every copy of each variable it clears
+/// is empty (`false` for a container created while no agent adjusted it, whose image's
+/// `NVIDIA_VISIBLE_DEVICES=all`, say, is still there).
+pub fn neutralized(env: &[String]) -> bool {
+    let Some(adj) = neutralize_non_gpu(env) else {
+        return true;
+    };
+    fn values<'a>(env: &'a [String], key: &'a str) -> impl Iterator<Item = &'a str> {
+        env.iter()
+            .filter(move |kv| env_key(kv) == key)
+            .map(|kv| kv.split_once('=').map_or("", |(_, v)| v))
+    }
+    adj.env
+        .iter()
+        .all(|(k, v)| values(env, k).next().is_some() && values(env, k).all(|got| got == v))
+        && adj
+            .clear_env
+            .iter()
+            .all(|k| values(env, k).all(str::is_empty))
+}
+
 /// Whether gpushare sets or clears variable `key` in some container: `NVIDIA_*`,
 /// `CUDA_MPS_*`, `GPUSHARE_*` and the ACK-compatible `ALIYUN_COM_GPU_*`.
 pub fn is_gpu_env(key: &str) -> bool {
@@ -571,6 +593,57 @@ mod tests {
             prop_assert_eq!(got, want);
         }
     }
+    #[test]
+    fn a_container_adjusted_for_no_gpu_is_told_from_one_created_unadjusted() {
+        let env = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert!(neutralized(&env(&["PATH=/bin"])), "nothing to neutralize");
+        for unadjusted in [
+            &["NVIDIA_VISIBLE_DEVICES=all"][..],
+            &["CUDA_VERSION=12.4.1"],
+            &["NVIDIA_VISIBLE_DEVICES=none"],
+            &[
+                "NVIDIA_VISIBLE_DEVICES=void",
+                "NVIDIA_DRIVER_CAPABILITIES=all",
+            ],
+            &["NVIDIA_VISIBLE_DEVICES=void", "NVIDIA_VISIBLE_DEVICES=all"],
+            &["NVIDIA_VISIBLE_DEVICES", "CUDA_MPS_PIPE_DIRECTORY=/tmp"],
+        ] {
+            assert!(!neutralized(&env(unadjusted)), "{unadjusted:?}");
+        }
+        for adjusted in [
+            &["NVIDIA_VISIBLE_DEVICES=void"][..],
+            &["CUDA_VERSION=12.4.1", "NVIDIA_VISIBLE_DEVICES=void"],
+            &[
+                "NVIDIA_VISIBLE_DEVICES=void",
+                "NVIDIA_DRIVER_CAPABILITIES=",
+                "CUDA_MPS_PIPE_DIRECTORY=",
+            ],
+        ] {
+            assert!(neutralized(&env(adjusted)), "{adjusted:?}");
+        }
+        // What neutralize_non_gpu's adjustment leaves, as NRI applies it (the first copy set,
+        // cleared variables set empty), is neutralized.
+        let image = env(&[
+            "PATH=/bin",
+            "NVIDIA_VISIBLE_DEVICES=all",
+            "NVIDIA_DRIVER_CAPABILITIES=compute,utility",
+            "CUDA_VERSION=12.4.1",
+        ]);
+        let adj = neutralize_non_gpu(&image).unwrap();
+        let applied: Vec<String> = image
+            .iter()
+            .map(|kv| {
+                let k = env_key(kv);
+                match adj.env.iter().find(|(key, _)| key == k) {
+                    Some((key, v)) => format!("{key}={v}"),
+                    None if adj.clear_env.iter().any(|c| c == k) => format!("{k}="),
+                    None => kv.clone(),
+                }
+            })
+            .collect();
+        assert!(neutralized(&applied), "{applied:?}");
+    }
+
     #[test]
     fn a_container_without_a_gpu_gets_no_gpu_from_its_environment() {
         let env = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
