@@ -834,7 +834,7 @@ impl Node {
         if matches!(ctr.state.enum_value(), Ok(NriState::CONTAINER_STOPPED))
             || adjust::neutralized(&ctr.env)
             || state.passthrough_namespaces.contains(&pod.namespace)
-            || own_container(&ctr.id)
+            || own_container(ctr)
         {
             return;
         }
@@ -962,12 +962,22 @@ fn missing_adjustment(
     (!missing.is_empty()).then(|| format!("no device node {}", missing.join(", ")))
 }
 
-/// Whether container `id` is the one this agent runs in (the chart's agent pod asks the
-/// NVIDIA runtime for every GPU, for NVML, and is created while no agent runs).
-fn own_container(id: &str) -> bool {
+/// Whether `ctr` is the container this agent runs in (the chart's agent pod asks the NVIDIA
+/// runtime for every GPU, for NVML, and is created while no agent runs): its cgroup is the
+/// agent's, or (a cgroup namespace shows the agent only `/`) its first process shares the
+/// agent's mount namespace — every container has one of its own.
+fn own_container(ctr: &Container) -> bool {
     static OWN: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     let own = OWN.get_or_init(|| std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default());
-    in_cgroup_of(id, own)
+    in_cgroup_of(&ctr.id, own) || shares_mount_namespace(ctr.pid)
+}
+
+/// Whether process `pid` (in the agent's PID namespace: the host's, in the chart) is in the
+/// agent's mount namespace. `false` when either cannot be read (another container's process
+/// without CAP_SYS_PTRACE, say).
+fn shares_mount_namespace(pid: u32) -> bool {
+    let ns = |p: &str| std::fs::read_link(format!("/proc/{p}/ns/mnt")).ok();
+    pid > 0 && ns(&pid.to_string()).is_some_and(|theirs| ns("self") == Some(theirs))
 }
 
 /// Whether `/proc/PID/cgroup` text `cgroups` places the process in container `id`'s cgroup:
@@ -1210,6 +1220,52 @@ mod tests {
             assert!(!in_cgroup_of("", text), "{text}");
         }
         assert!(!in_cgroup_of(id, "0::/system.slice/gpushare.service\n"));
+    }
+
+    /// Where the agent's cgroup names no container (a cgroup namespace: `0::/`), its own
+    /// container is the one whose process shares its mount namespace; a process in another
+    /// mount namespace (as every other container's is) is not.
+    #[test]
+    fn the_agents_own_container_shares_its_mount_namespace() {
+        let mut here = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        assert!(shares_mount_namespace(here.id()));
+        assert!(!shares_mount_namespace(0));
+        assert!(!shares_mount_namespace(u32::MAX));
+        here.kill().unwrap();
+        here.wait().unwrap();
+        match std::process::Command::new("unshare")
+            .args(["--mount", "sleep", "30"])
+            .spawn()
+        {
+            Ok(mut other) => {
+                // unshare execs sleep once it has its own mount namespace.
+                let pid = other.id();
+                let deadline = Instant::now() + Duration::from_secs(5);
+                while std::fs::read_link(format!("/proc/{pid}/exe"))
+                    .is_ok_and(|e| !e.to_string_lossy().contains("sleep"))
+                    && Instant::now() < deadline
+                {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                let status = other.try_wait().unwrap();
+                if status.is_none() {
+                    assert!(!shares_mount_namespace(pid), "a mount namespace of its own");
+                    other.kill().unwrap();
+                }
+                other.wait().unwrap();
+                if status.is_some() && std::env::var_os("CI").is_some() {
+                    panic!("unshare --mount failed in CI (needs root): {status:?}");
+                } else if status.is_some() {
+                    eprintln!(
+                        "skipped the other-namespace half: unshare --mount failed (not root?)"
+                    );
+                }
+            }
+            Err(e) => panic!("cannot run unshare: {e}"),
+        }
     }
 
     /// A pod with an init container `prep` (10 GiB, 60 %) and an app container `main`
