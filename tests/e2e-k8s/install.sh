@@ -177,6 +177,11 @@ VALUES=(
     # Rendered into the profile and validated by kube-scheduler at start (one node: no
     # other effect here).
     --set scheduler.secondScheduler.percentageOfNodesToScore=50
+    # The agent's container asks for every GPU, as the chart's own environment does with
+    # runtimeClassName nvidia (gpuBackend nvml): it is created while no agent runs, and its
+    # resync must not kill it.
+    --set-json 'agent.extraEnv=[{"name":"NVIDIA_VISIBLE_DEVICES","value":"all"}]'
+    --set 'agent.config.passthroughNamespaces={gpu-system}'
 )
 
 echo "=== 1. helm install"
@@ -290,6 +295,41 @@ e2e_check "the limiter is in the container (the host's copy, preloaded)" bash -c
 e2e_check "the agent holds its quota (metric gpushare_container_gpu_core_quota_ratio 0.30)" bash -c \
     "curl -fsS --max-time 5 127.0.0.1:$STATUS_PORT/metrics | grep -q 'gpushare_container_gpu_core_quota_ratio{pod=\"default/$SAMPLE\".*} 0.30'"
 
+echo "=== 3b. containers granted no GPU: void, except in a passthrough namespace"
+env_pod() { # NAME NAMESPACE: a pod without a GPU whose spec asks for every GPU
+    cat <<EOF
+apiVersion: v1
+kind: Pod
+metadata: {name: $1, namespace: $2}
+spec:
+  terminationGracePeriodSeconds: 1
+  automountServiceAccountToken: false
+  restartPolicy: Never
+  containers:
+  - name: main
+    image: $E2E_BUSYBOX_IMAGE
+    imagePullPolicy: Never
+    command: ["sh", "-c", "sleep 3600"]
+    env: [{name: NVIDIA_VISIBLE_DEVICES, value: all}]
+EOF
+}
+env_of() { kc -n "$1" exec "$2" -- env 2>/dev/null | grep '^NVIDIA_VISIBLE_DEVICES='; }
+env_is() { [[ $(env_of "$1" "$2") == "NVIDIA_VISIBLE_DEVICES=$3" ]]; } # NAMESPACE POD VALUE
+e2e_require "namespace gpu-system" kc create namespace gpu-system
+e2e_require "… with its default ServiceAccount" k8s_wait_for 60 "default ServiceAccount in gpu-system" \
+    kc -n gpu-system get serviceaccount default
+env_pod cuda-plain default | kc apply -f - >/dev/null
+env_pod cuda-exempt gpu-system | kc apply -f - >/dev/null
+e2e_check "a pod granted no GPU whose spec says NVIDIA_VISIBLE_DEVICES=all gets void" \
+    k8s_wait_for 60 "cuda-plain's environment" env_is default cuda-plain void
+e2e_check "… in the passthrough namespace gpu-system (agent.config.passthroughNamespaces) it keeps all" \
+    k8s_wait_for 60 "cuda-exempt's environment" env_is gpu-system cuda-exempt all
+echo "    default/cuda-plain: $(env_of default cuda-plain); gpu-system/cuda-exempt: $(env_of gpu-system cuda-exempt)"
+e2e_check "the agent counted it (gpushare_create_container_total{result=\"exempt\"} 1)" bash -c \
+    "curl -fsS --max-time 5 127.0.0.1:$STATUS_PORT/metrics | grep -qx 'gpushare_create_container_total{result=\"exempt\"} 1'"
+kc delete pod cuda-plain --wait=false >/dev/null
+kc -n gpu-system delete pod cuda-exempt --wait=false >/dev/null
+
 echo "=== 4. admission"
 out=$(k8s_job_yaml bad33 2 33 'sleep 1' gpushare-scheduler | kc apply -f - 2>&1) && rc=0 || rc=$?
 echo "$out"
@@ -328,6 +368,12 @@ e2e_check "a SIGKILL of the agent: the guardian container saw it go and thawed (
 e2e_check "… the agent container restarted and is ready again, the guardian container was not restarted" k8s_wait_for 90 "agent back" bash -c \
     "$K8S_KUBECTL --kubeconfig $KUBECONFIG -n $NS get pod $AGENT -o json | jq -e --argjson r $agent_restarts '[.status.containerStatuses[] | select((.name == \"agent\" and .restartCount > \$r and .ready) or (.name == \"guardian\" and .restartCount == 0 and .ready))] | length == 2'"
 echo "    guardian before: $guardian_before; after: $(guardian_status)"
+# Its container (NVIDIA_VISIBLE_DEVICES=all, created while no agent ran) is one the resync
+# kills in other pods; the agent knows its own.
+sleep 5
+e2e_check "… the restarted agent did not kill its own container at its resync (restarted once, ready 5 s later, no kill logged)" bash -c \
+    "$K8S_KUBECTL --kubeconfig $KUBECONFIG -n $NS get pod $AGENT -o json | jq -e --argjson r $agent_restarts '.status.containerStatuses[] | select(.name == \"agent\") | .restartCount == \$r + 1 and .ready' &&
+     ! $K8S_KUBECTL --kubeconfig $KUBECONFIG -n $NS logs $AGENT -c agent | grep -q 'adjustment: killed'"
 kc -n "$NS" logs "$AGENT" -c guardian 2>&1 | sed 's/^/    guardian: /'
 
 echo "=== 6. helm upgrade: the agent replaced, host files and certificates kept"
