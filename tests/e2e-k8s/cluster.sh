@@ -657,7 +657,8 @@ K8S_BURN='cd /var/run/gpushare; i=0; while :; do awk "BEGIN{for(j=0;j<20000;j++)
 k8s_indent() { sed "s/^/$(printf '%*s' "$1" '')/"; } # N: indent stdin by N spaces
 
 # k8s_pod_spec MEM CORE CMD [SCHEDULER]: a pod spec with one busybox container `main` asking
-# MEM GiB (and CORE %, unless empty), scheduled by SCHEDULER (default: the cluster's default).
+# MEM GiB (and CORE %, unless empty; no GPU when MEM is empty), scheduled by SCHEDULER
+# (default: the cluster's default).
 k8s_pod_spec() {
     local mem=$1 core=$2 cmd=$3 sched=${4:-}
     cat <<EOF
@@ -670,9 +671,9 @@ containers:
   image: $E2E_BUSYBOX_IMAGE
   imagePullPolicy: Never
   command: ["sh", "-c", '$cmd']
-  resources:
+${mem:+  resources:
     limits:
-      aliyun.com/gpu-mem: "$mem"
+      aliyun.com/gpu-mem: \"$mem\"}
 ${core:+      aliyun.com/gpu-core.percentage: \"$core\"}
 EOF
 }

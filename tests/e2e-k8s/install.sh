@@ -297,21 +297,8 @@ e2e_check "the agent holds its quota (metric gpushare_container_gpu_core_quota_r
 
 echo "=== 3b. containers granted no GPU: void, except in a passthrough namespace"
 env_pod() { # NAME NAMESPACE: a pod without a GPU whose spec asks for every GPU
-    cat <<EOF
-apiVersion: v1
-kind: Pod
-metadata: {name: $1, namespace: $2}
-spec:
-  terminationGracePeriodSeconds: 1
-  automountServiceAccountToken: false
-  restartPolicy: Never
-  containers:
-  - name: main
-    image: $E2E_BUSYBOX_IMAGE
-    imagePullPolicy: Never
-    command: ["sh", "-c", "sleep 3600"]
-    env: [{name: NVIDIA_VISIBLE_DEVICES, value: all}]
-EOF
+    printf 'apiVersion: v1\nkind: Pod\nmetadata: {name: %s, namespace: %s}\nspec:\n' "$1" "$2"
+    { k8s_pod_spec "" "" "sleep 3600"; echo "  env: [{name: NVIDIA_VISIBLE_DEVICES, value: all}]"; } | k8s_indent 2
 }
 env_of() { kc -n "$1" exec "$2" -- env 2>/dev/null | grep '^NVIDIA_VISIBLE_DEVICES='; }
 env_is() { [[ $(env_of "$1" "$2") == "NVIDIA_VISIBLE_DEVICES=$3" ]]; } # NAMESPACE POD VALUE
