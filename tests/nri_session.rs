@@ -518,9 +518,12 @@ fn a_container_granted_no_gpu_keeps_its_gpu_environment_only_in_a_passthrough_na
 
 /// A container granted no GPU, created while the agent was gone with its image's
 /// `NVIDIA_VISIBLE_DEVICES=all` (a runtime that reads it gives it every GPU): killed at the
-/// resync, so that it is created again through the agent. Left alone: one the agent
-/// neutralized, one with no GPU environment, one in a passthrough namespace, a stopped one.
-/// Where it cannot be killed it is unaccounted and keeps new GPU containers out.
+/// resync, every process of its cgroup tree (one in a cgroup it made itself), so that it is
+/// created again through the agent; one not started yet (no task before its start, on
+/// containerd) at its start. Killed too: a sidecar of a GPU pod in a passthrough namespace,
+/// which its creation would have neutralized. Left alone: one the agent neutralized, one with
+/// no GPU environment, one in a passthrough namespace, a stopped one. Where it cannot be
+/// killed it is unaccounted and keeps new GPU containers out.
 #[test]
 fn a_container_granted_no_gpu_created_with_every_gpu_without_the_agent_is_killed_at_the_resync() {
     use gpushare::nri::service::Handler;
@@ -532,10 +535,16 @@ fn a_container_granted_no_gpu_created_with_every_gpu_without_the_agent_is_killed
     let all = ["NVIDIA_VISIBLE_DEVICES=all", "CUDA_VERSION=12.4.1"];
     let mut stopped = cuda_image_ctr("n4", "p1", &all);
     stopped.state = ContainerState::CONTAINER_STOPPED.into();
+    let mut created = cuda_image_ctr("n6", "p1", &all);
+    created.state = ContainerState::CONTAINER_CREATED.into();
+    let mut sidecar = cuda_image_ctr("n7", "p3", &all);
+    sidecar.name = "side".into();
+    let gpu_pod = in_namespace(pod("p3", Some(assignment(2, 1024, 10))), "gpu-operator");
     let sync = SynchronizeRequest {
         pods: vec![
             pod("p1", None),
             in_namespace(pod("p2", None), "gpu-operator"),
+            gpu_pod.clone(),
         ],
         containers: vec![
             cuda_image_ctr("n1", "p1", &all),
@@ -547,6 +556,8 @@ fn a_container_granted_no_gpu_created_with_every_gpu_without_the_agent_is_killed
             cuda_image_ctr("n3", "p2", &all),
             stopped,
             cuda_image_ctr("n5", "p1", &["PATH=/bin"]),
+            created.clone(),
+            sidecar,
         ],
         ..Default::default()
     };
@@ -556,13 +567,13 @@ fn a_container_granted_no_gpu_created_with_every_gpu_without_the_agent_is_killed
         s
     };
 
-    // No controller on this node: it cannot be killed, so it is unaccounted.
+    // No controller on this node: they cannot be killed, so they are unaccounted.
     let node = Node::new(state());
     node.synchronize(&sync).unwrap();
     let unaccounted = node.unaccounted.lock().unwrap().clone();
     assert_eq!(
         unaccounted.keys().collect::<Vec<_>>(),
-        ["n1"],
+        ["n1", "n7"],
         "{unaccounted:?}"
     );
     assert_eq!(
@@ -581,24 +592,33 @@ fn a_container_granted_no_gpu_created_with_every_gpu_without_the_agent_is_killed
         e.message
     );
 
-    // With one: n1's processes get SIGKILL; the others' keep running.
+    // With one: n1's and n7's processes get SIGKILL (n1's in a cgroup below its own); n6's
+    // at its start; the others' keep running.
     let tmp = tempfile::tempdir().unwrap();
-    let ids = ["n1", "n2", "n3", "n4", "n5"];
-    let rels: Vec<String> = ids.iter().map(|id| format!("k8s/{id}")).collect();
-    let rels: Vec<&str> = rels.iter().map(String::as_str).collect();
+    let cgroups = [
+        ("n1", "k8s/n1/inner"),
+        ("n2", "k8s/n2"),
+        ("n3", "k8s/n3"),
+        ("n4", "k8s/n4"),
+        ("n5", "k8s/n5"),
+        ("n6", "k8s/n6"),
+        ("n7", "k8s/n7"),
+    ];
+    let mut rels: Vec<&str> = cgroups.iter().map(|(_, rel)| *rel).collect();
+    rels.push("k8s/n1");
     let fs = fixture::fake_v1(tmp.path(), &rels);
-    let mut procs: Vec<std::process::Child> = ids
+    let mut procs: HashMap<&str, std::process::Child> = cgroups
         .iter()
-        .map(|id| {
+        .map(|(id, rel)| {
             let child = std::process::Command::new("sleep")
                 .arg("60")
                 .spawn()
                 .unwrap();
             fixture::put(
-                &tmp.path().join(format!("freezer/k8s/{id}/cgroup.procs")),
+                &tmp.path().join(format!("freezer/{rel}/cgroup.procs")),
                 &format!("{}\n", child.id()),
             );
-            child
+            (*id, child)
         })
         .collect();
     let node = Node::new(state());
@@ -608,17 +628,85 @@ fn a_container_granted_no_gpu_created_with_every_gpu_without_the_agent_is_killed
         Arc::new(AtomicBool::new(true)),
     );
     node.synchronize(&sync).unwrap();
-    let status = procs[0].wait().unwrap();
-    assert_eq!(status.signal(), Some(9), "n1 killed: {status:?}");
-    for (id, p) in ids.iter().zip(procs.iter_mut()).skip(1) {
+    for id in ["n1", "n7"] {
+        let status = procs.get_mut(id).unwrap().wait().unwrap();
+        assert_eq!(status.signal(), Some(9), "{id} killed: {status:?}");
+    }
+    for id in ["n2", "n3", "n4", "n5", "n6"] {
+        let p = procs.get_mut(id).unwrap();
+        assert!(p.try_wait().unwrap().is_none(), "{id} left running");
+    }
+    assert!(node.unaccounted.lock().unwrap().is_empty());
+    assert_eq!(node.stats.killed_unadjusted.load(Ordering::Relaxed), 2);
+    assert!(
+        node.registry.get("n1").is_none(),
+        "no GPU: not on the books"
+    );
+
+    node.start_container(&pod("p1", None), &created);
+    let status = procs.get_mut("n6").unwrap().wait().unwrap();
+    assert_eq!(
+        status.signal(),
+        Some(9),
+        "n6 killed at its start: {status:?}"
+    );
+    assert_eq!(node.stats.killed_unadjusted.load(Ordering::Relaxed), 3);
+    for id in ["n2", "n3", "n4", "n5"] {
+        let p = procs.get_mut(id).unwrap();
         assert!(p.try_wait().unwrap().is_none(), "{id} left running");
         p.kill().unwrap();
         p.wait().unwrap();
     }
-    assert!(node.unaccounted.lock().unwrap().is_empty());
+}
+
+/// A GPU container found at the resync without its device nodes before it started (on
+/// containerd it has no task, so nothing to kill yet) is killed at its start, and is on the
+/// books as stopped, not running.
+#[test]
+fn a_gpu_container_created_without_the_agent_and_not_started_is_killed_at_its_start() {
+    use gpushare::nri::service::Handler;
+    use gpushare::throttle::controller::{ControllerLink, ThrottleStats};
+    use gpushare::throttle::fixture;
+    use std::os::unix::process::ExitStatusExt;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    let p1 = pod("p1", Some(assignment(1, 2048, 30)));
+    let mut c1 = unadjusted("c1", "p1", "2", "30");
+    c1.state = ContainerState::CONTAINER_CREATED.into();
+    let tmp = tempfile::tempdir().unwrap();
+    let fs = fixture::fake_v1(tmp.path(), &["k8s/c1"]);
+    let node = Node::new(AgentState::in_memory("test-node"));
+    node.attach(
+        Arc::new(ThrottleStats::default()),
+        Arc::new(ControllerLink::new(fs)),
+        Arc::new(AtomicBool::new(true)),
+    );
+    node.synchronize(&SynchronizeRequest {
+        pods: vec![p1.clone()],
+        containers: vec![c1.clone()],
+        ..Default::default()
+    })
+    .unwrap();
+    assert_eq!(node.stats.killed_unadjusted.load(Ordering::Relaxed), 0);
+    assert_eq!(
+        node.registry.get("c1").unwrap().state,
+        gpushare::registry::ContainerState::Created
+    );
+    // `runc create` made its cgroup and first process: now it has something to kill.
+    let mut init = std::process::Command::new("sleep")
+        .arg("60")
+        .spawn()
+        .unwrap();
+    fixture::put(
+        &tmp.path().join("freezer/k8s/c1/cgroup.procs"),
+        &format!("{}\n", init.id()),
+    );
+    node.start_container(&p1, &c1);
+    let status = init.wait().unwrap();
+    assert_eq!(status.signal(), Some(9), "killed at its start: {status:?}");
     assert_eq!(node.stats.killed_unadjusted.load(Ordering::Relaxed), 1);
-    assert!(
-        node.registry.get("n1").is_none(),
-        "no GPU: not on the books"
+    assert_eq!(
+        node.registry.get("c1").unwrap().state,
+        gpushare::registry::ContainerState::Stopped
     );
 }

@@ -230,23 +230,36 @@ mod tests {
             "NVIDIA_VISIBLE_DEVICES=all",
             "NVIDIA_DRIVER_CAPABILITIES=all",
         ];
-        let mut b = spec(
-            json!({"io.kubernetes.cri.sandbox-namespace": "gpu-operator"}),
-            &env,
-        );
+        let containerd = |ns: &str| json!({"io.kubernetes.cri.sandbox-id": "sb1", "io.kubernetes.cri.sandbox-namespace": ns});
+        let mut b = spec(containerd("gpu-operator"), &env);
         let before = b.json.clone();
         assert_eq!(
             prepare(&cfg, "c1", &mut b),
             Ok(Prepared::NotGpu { neutralized: false })
         );
         assert_eq!(b.json, before);
-        let mut b = spec(json!({"io.kubernetes.pod.namespace": "default"}), &env);
+        let crio = json!({"io.kubernetes.cri-o.SandboxID": "sb2", "io.kubernetes.pod.namespace": "gpu-operator"});
         assert_eq!(
-            prepare(&cfg, "c2", &mut b),
-            Ok(Prepared::NotGpu { neutralized: true })
+            prepare(&cfg, "c2", &mut spec(crio, &env)),
+            Ok(Prepared::NotGpu { neutralized: false })
         );
+        // Elsewhere, without the runtime's own key, or with the other runtime's key naming
+        // another namespace (a pod's annotation copied into the spec): neutralized.
+        for ann in [
+            containerd("default"),
+            json!({"io.kubernetes.cri.sandbox-namespace": "gpu-operator"}),
+            json!({"io.kubernetes.cri-o.SandboxID": "sb3", "io.kubernetes.pod.namespace": "default",
+                   "io.kubernetes.cri.sandbox-namespace": "gpu-operator"}),
+        ] {
+            assert_eq!(
+                prepare(&cfg, "c3", &mut spec(ann.clone(), &env)),
+                Ok(Prepared::NotGpu { neutralized: true }),
+                "{ann}"
+            );
+        }
         let mut b = spec(
-            json!({"io.kubernetes.cri.sandbox-namespace": "gpu-operator", "gpushare.io/granted-mem": "2"}),
+            json!({"io.kubernetes.cri.sandbox-id": "sb1", "io.kubernetes.cri.sandbox-namespace": "gpu-operator",
+                   "gpushare.io/granted-mem": "2"}),
             &env,
         );
         assert!(prepare(&cfg, "c3", &mut b).is_err(), "the agent decides");

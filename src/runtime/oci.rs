@@ -319,13 +319,29 @@ pub fn handle(b: &BundleSpec) -> Option<String> {
     b.annotations().get(HANDLE_ANNOTATION).cloned()
 }
 
-/// Whether the spec asks for a GPU at all (the decision is the agent's; a container without
-/// either annotation is not a GPU container).
-/// The Kubernetes namespace of the container's pod, as the runtime annotates it.
+/// The Kubernetes namespace of the container's pod, as the runtime annotates it: `None`
+/// unless the runtime's own key (containerd's where its sandbox id is there, CRI-O's where
+/// its is) names one, and where the spec carries both runtimes' keys (a pod's annotations
+/// copied into it, say) unless they agree.
 pub fn pod_namespace(b: &BundleSpec) -> Option<String> {
-    first(&b.annotations(), POD_NAMESPACE)
+    let ann = b.annotations();
+    let own = if ann.contains_key(POD_ID[0]) {
+        POD_NAMESPACE[0]
+    } else if ann.contains_key(POD_ID[1]) {
+        POD_NAMESPACE[1]
+    } else {
+        return None;
+    };
+    let ns = ann.get(own)?;
+    POD_NAMESPACE
+        .iter()
+        .filter_map(|k| ann.get(*k))
+        .all(|other| other == ns)
+        .then(|| ns.clone())
 }
 
+/// Whether the spec asks for a GPU at all (the decision is the agent's; a container without
+/// either annotation is not a GPU container).
 pub fn has_gpu_hint(b: &BundleSpec) -> bool {
     b.annotations()
         .keys()

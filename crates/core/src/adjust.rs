@@ -95,26 +95,26 @@ pub fn neutralize_non_gpu(env: &[String]) -> Option<Adjustment> {
     })
 }
 
-/// Whether a container granted no GPU already has what [`neutralize_non_gpu`] gives it: every
-/// copy of each variable it sets holds that value, and every copy of each variable it clears
-/// is empty (`false` for a container created while no agent adjusted it, whose image's
-/// `NVIDIA_VISIBLE_DEVICES=all`, say, is still there).
+/// Whether a container granted no GPU selects no device from a runtime that reads the
+/// environment, as [`neutralize_non_gpu`] leaves it: nothing such a runtime acts on, or every
+/// copy of `NVIDIA_VISIBLE_DEVICES` is `void` and every copy of the other
+/// [`DEVICE_SELECTING_ENV`] variables is empty (`false` for a container created while no agent
+/// adjusted it, whose image's `NVIDIA_VISIBLE_DEVICES=all`, say, is still there). Other
+/// `NVIDIA_*` variables (`NVIDIA_DRIVER_CAPABILITIES`, which a later NRI plugin may set) select
+/// nothing beside `void`.
 pub fn neutralized(env: &[String]) -> bool {
-    let Some(adj) = neutralize_non_gpu(env) else {
-        return true;
-    };
     fn values<'a>(env: &'a [String], key: &'a str) -> impl Iterator<Item = &'a str> {
         env.iter()
             .filter(move |kv| env_key(kv) == key)
             .map(|kv| kv.split_once('=').map_or("", |(_, v)| v))
     }
-    adj.env
-        .iter()
-        .all(|(k, v)| values(env, k).next().is_some() && values(env, k).all(|got| got == v))
-        && adj
-            .clear_env
-            .iter()
-            .all(|k| values(env, k).all(str::is_empty))
+    neutralize_non_gpu(env).is_none()
+        || (values(env, "NVIDIA_VISIBLE_DEVICES").next().is_some()
+            && values(env, "NVIDIA_VISIBLE_DEVICES").all(|v| v == "void")
+            && DEVICE_SELECTING_ENV
+                .iter()
+                .filter(|k| **k != "NVIDIA_VISIBLE_DEVICES")
+                .all(|k| values(env, k).all(str::is_empty)))
 }
 
 /// Whether gpushare sets or clears variable `key` in some container: `NVIDIA_*`,
@@ -603,7 +603,7 @@ mod tests {
             &["NVIDIA_VISIBLE_DEVICES=none"],
             &[
                 "NVIDIA_VISIBLE_DEVICES=void",
-                "NVIDIA_DRIVER_CAPABILITIES=all",
+                "NVIDIA_MIG_CONFIG_DEVICES=all",
             ],
             &["NVIDIA_VISIBLE_DEVICES=void", "NVIDIA_VISIBLE_DEVICES=all"],
             &["NVIDIA_VISIBLE_DEVICES", "CUDA_MPS_PIPE_DIRECTORY=/tmp"],
@@ -613,6 +613,11 @@ mod tests {
         for adjusted in [
             &["NVIDIA_VISIBLE_DEVICES=void"][..],
             &["CUDA_VERSION=12.4.1", "NVIDIA_VISIBLE_DEVICES=void"],
+            // A later NRI plugin's capabilities select no device beside void.
+            &[
+                "NVIDIA_VISIBLE_DEVICES=void",
+                "NVIDIA_DRIVER_CAPABILITIES=all",
+            ],
             &[
                 "NVIDIA_VISIBLE_DEVICES=void",
                 "NVIDIA_DRIVER_CAPABILITIES=",
