@@ -297,7 +297,12 @@ for V in "${VERSIONS[@]}"; do
     write_in_namespace down-exempt gpu-system "$NVIDIA_ALL_ENV"
     down_cuda=$(run_pod down-cuda) || down_cuda=
     down_exempt=$(run_pod down-exempt) || down_exempt=
+    # … and one only created, not started (containerd makes its task at the start).
+    write_in_namespace down-created default "$NVIDIA_ALL_ENV"
+    down_created=$(e2e_crictl create "$(e2e_crictl runp "$E2E_ROOT/down-created.pod.json")" \
+        "$E2E_ROOT/down-created.ctr.json" "$E2E_ROOT/down-created.pod.json") || down_created=
     e2e_require "$V: agent restarted while containers run" start_agent
+    e2e_crictl start "$down_created" >/dev/null 2>&1 || echo "start of the container created while the agent was down: refused"
     if [[ $V == 1.6 ]]; then
         e2e_check "$V: a no-GPU container created through the wrapper while the agent was down got NVIDIA_VISIBLE_DEVICES=void" \
             e2e_env_is "$down_cuda" NVIDIA_VISIBLE_DEVICES void
@@ -306,6 +311,8 @@ for V in "${VERSIONS[@]}"; do
             exited_within 5 "$down_cuda"
         e2e_check "$V: … and the agent logs why" \
             grep -qF 'granted no GPU, its NVIDIA_VISIBLE_DEVICES "all" and not void' "$E2E_ROOT/agent.log"
+        e2e_check "$V: … one created (not started) while the agent was down is killed at its start" \
+            exited_within 5 "$down_created"
     fi
     e2e_check "$V: … one in a passthrough namespace keeps running with NVIDIA_VISIBLE_DEVICES=all" \
         e2e_env_is "$down_exempt" NVIDIA_VISIBLE_DEVICES all
