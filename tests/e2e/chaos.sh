@@ -263,7 +263,8 @@ KILLED_UNADJUSTED=0
 #     with its GPU and quota;
 #   - a container the runtime created while the agent was gone (it skips a plugin that is
 #     not there, even mid-creation: no device node, no limiter): the restarted agent killed
-#     it at its resync (SIGKILL, exit 137; kubelet would create it again, through the agent);
+#     it at its resync (SIGKILL, exit 137; kubelet would create it again, through the agent),
+#     or at its start if it had not started (its start fails: exit 128, StartError);
 #   - no container at all.
 # A container running without the agent's adjustment fails. The pod is removed afterwards.
 creation_outcome() { # NAME POD_ID GPU
@@ -300,6 +301,10 @@ creation_outcome() { # NAME POD_ID GPU
         code=$(e2e_crictl inspect -o go-template --template '{{.status.exitCode}}' "$cid")
         if [[ $code == 137 ]] && grep "created without this agent's adjustment: killed" "$E2E_ROOT/agent.log" | grep -q "$cid"; then
             OUTCOME+=" (created while the agent was gone: killed at the resync, exit 137)"
+            KILLED_UNADJUSTED=$((KILLED_UNADJUSTED + 1))
+        elif [[ $code == 128 ]] && grep "created without this agent's adjustment: killed" "$E2E_ROOT/agent.log" | grep -q "$cid"; then
+            # Not started at the resync: killed at its start, which then fails (StartError).
+            OUTCOME+=" (created while the agent was gone: killed at its start, exit 128)"
             KILLED_UNADJUSTED=$((KILLED_UNADJUSTED + 1))
         else
             OUTCOME+=" (exit $code, not killed by the agent)"

@@ -140,7 +140,10 @@ exited_within() {
     local i state
     for ((i = 0; i < $1 * 10; i++)); do
         state=$(e2e_crictl inspect -o go-template --template '{{.status.state}}' "$2" 2>/dev/null)
-        [[ $state == CONTAINER_EXITED ]] && { echo "$2: $state after ~$((i * 100)) ms"; return 0; }
+        if [[ $state == CONTAINER_EXITED ]]; then
+            echo "$2: $state ($(e2e_crictl inspect -o go-template --template 'exit {{.status.exitCode}} {{.status.reason}}' "$2")) after ~$((i * 100)) ms"
+            return 0
+        fi
         sleep 0.1
     done
     echo "$2: still ${state:-unknown} after $1 s"
@@ -313,6 +316,8 @@ for V in "${VERSIONS[@]}"; do
             grep -qF 'granted no GPU, its NVIDIA_VISIBLE_DEVICES "all" and not void' "$E2E_ROOT/agent.log"
         e2e_check "$V: … one created (not started) while the agent was down is killed at its start" \
             exited_within 5 "$down_created"
+        echo "    created while the agent was down, killed at its start: $(e2e_crictl inspect -o go-template \
+            --template '{{.status.state}} exit {{.status.exitCode}} {{.status.reason}}' "$down_created" 2>&1)"
     fi
     e2e_check "$V: … one in a passthrough namespace keeps running with NVIDIA_VISIBLE_DEVICES=all" \
         e2e_env_is "$down_exempt" NVIDIA_VISIBLE_DEVICES all
