@@ -378,7 +378,7 @@ fn a_gpu_container_created_without_the_agent_is_killed_at_the_resync() {
     node.synchronize(&sync).unwrap();
     assert_eq!(
         node.unaccounted.lock().unwrap()["c1"],
-        "created without the agent's adjustment (no device node /dev/nvidia1) and cannot be killed: no throttling controller runs on this node"
+        "created without the agent's adjustment (no device node /dev/nvidia1) and cannot be killed: no throttling controller runs on this node, and no cgroup filesystem was found"
     );
     let e = node.create_container(&p2, &c2).unwrap_err();
     assert!(
@@ -523,14 +523,14 @@ fn a_container_granted_no_gpu_keeps_its_gpu_environment_only_in_a_passthrough_na
 /// containerd) at its start. Killed too: a sidecar of a GPU pod in a passthrough namespace,
 /// which its creation would have neutralized. Left alone: one the agent neutralized, one with
 /// no GPU environment, one in a passthrough namespace, a stopped one. Where it cannot be
-/// killed it is unaccounted and keeps new GPU containers out.
+/// killed (neither a controller nor a cgroup filesystem) it is unaccounted and keeps new GPU
+/// containers out; without a controller the node's cgroup filesystem kills it.
 #[test]
 fn a_container_granted_no_gpu_created_with_every_gpu_without_the_agent_is_killed_at_the_resync() {
     use gpushare::nri::service::Handler;
-    use gpushare::throttle::controller::{ControllerLink, ThrottleStats};
     use gpushare::throttle::fixture;
     use std::os::unix::process::ExitStatusExt;
-    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::atomic::Ordering;
 
     let all = ["NVIDIA_VISIBLE_DEVICES=all", "CUDA_VERSION=12.4.1"];
     let mut stopped = cuda_image_ctr("n4", "p1", &all);
@@ -578,7 +578,7 @@ fn a_container_granted_no_gpu_created_with_every_gpu_without_the_agent_is_killed
     );
     assert_eq!(
         unaccounted["n1"],
-        "created without the agent's adjustment (granted no GPU, its NVIDIA_VISIBLE_DEVICES \"all\" and not void) and cannot be killed: no throttling controller runs on this node"
+        "created without the agent's adjustment (granted no GPU, its NVIDIA_VISIBLE_DEVICES \"all\" and not void) and cannot be killed: no throttling controller runs on this node, and no cgroup filesystem was found"
     );
     let e = node
         .create_container(
@@ -592,8 +592,9 @@ fn a_container_granted_no_gpu_created_with_every_gpu_without_the_agent_is_killed
         e.message
     );
 
-    // With one: n1's and n7's processes get SIGKILL (n1's in a cgroup below its own); n6's
-    // at its start; the others' keep running.
+    // Without a controller but with the node's cgroup filesystem (`--no-throttle`): n1's
+    // and n7's processes get SIGKILL (n1's in a cgroup below its own); n6's at its start;
+    // the others' keep running.
     let tmp = tempfile::tempdir().unwrap();
     let cgroups = [
         ("n1", "k8s/n1/inner"),
@@ -621,12 +622,9 @@ fn a_container_granted_no_gpu_created_with_every_gpu_without_the_agent_is_killed
             (*id, child)
         })
         .collect();
-    let node = Node::new(state());
-    node.attach(
-        Arc::new(ThrottleStats::default()),
-        Arc::new(ControllerLink::new(fs)),
-        Arc::new(AtomicBool::new(true)),
-    );
+    let mut with_fs = state();
+    with_fs.cgroups = Some(fs);
+    let node = Node::new(with_fs);
     node.synchronize(&sync).unwrap();
     for id in ["n1", "n7"] {
         let status = procs.get_mut(id).unwrap().wait().unwrap();

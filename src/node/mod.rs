@@ -55,6 +55,11 @@ pub struct AgentState {
     /// `passthrough_namespaces`: their containers granted no GPU are left as created.
     #[serde(skip)]
     pub passthrough_namespaces: BTreeSet<String>,
+    /// The cgroup filesystem (`[throttle] cgroup_root`), to kill a container created without
+    /// the agent's adjustment where no controller runs (`--no-throttle`); `None` where it
+    /// has no freezer hierarchy or cgroup2 mount.
+    #[serde(skip)]
+    pub cgroups: Option<crate::throttle::cgroup::CgroupFs>,
 }
 
 /// Where the in-container limiter's files live on the host.
@@ -219,6 +224,7 @@ impl AgentState {
             mps_pipe_root: None,
             confirm_grace: Duration::from_secs(60),
             passthrough_namespaces: BTreeSet::new(),
+            cgroups: None,
         }
     }
 
@@ -264,6 +270,7 @@ impl AgentState {
                 .then(|| cfg.mps_pipe_root.to_string_lossy().into_owned()),
             confirm_grace: Duration::from_millis(cfg.nri_confirm_grace_ms),
             passthrough_namespaces: cfg.passthrough_namespaces.iter().cloned().collect(),
+            cgroups: crate::throttle::cgroup::CgroupFs::detect(&cfg.throttle.cgroup_root).ok(),
         })
     }
 }
@@ -782,9 +789,10 @@ impl Node {
     /// A GPU container found at a resync without its adjustment (`missing` says what it
     /// lacks): killed, so that it is created again — through this agent — by whoever restarts
     /// it (kubelet). Killed, it is on the books as stopped (the runtime reports its exit as a
-    /// StopContainer soon after) and holds no share; if it cannot be killed (no
-    /// controller here, or the kill fails) it stays on the books as unaccounted, and new GPU
-    /// containers are refused until it is gone. One not started yet is killed at its start.
+    /// StopContainer soon after) and holds no share; if it cannot be killed (neither a
+    /// controller nor a cgroup filesystem here, or the kill fails) it stays on the books as
+    /// unaccounted, and new GPU containers are refused until it is gone. One not started yet
+    /// is killed at its start.
     fn kill_unadjusted(&self, rec: &mut ContainerRecord, missing: &str) {
         if rec.state == ContainerState::Created {
             self.kill_at_start(&rec.id, missing);
@@ -825,9 +833,16 @@ impl Node {
         name: &str,
         missing: &str,
     ) -> Result<(), String> {
-        let outcome = match self.throttle.get() {
-            Some(a) => a.link.kill(id, cgroups_path),
-            None => Err("no throttling controller runs on this node".into()),
+        let outcome = match (
+            self.throttle.get(),
+            self.state().and_then(|s| s.cgroups.clone()),
+        ) {
+            (Some(a), _) => a.link.kill(id, cgroups_path),
+            (None, Some(fs)) => crate::throttle::controller::kill_container(&fs, cgroups_path),
+            (None, None) => Err(
+                "no throttling controller runs on this node, and no cgroup filesystem was found"
+                    .into(),
+            ),
         };
         match outcome {
             Ok(signalled) => {

@@ -221,35 +221,11 @@ impl ControllerLink {
         }
     }
 
-    /// Kills the container: it is released (thawed, never frozen again) and SIGKILL goes to
-    /// every process of its cgroup and of every cgroup below it (its throttled child, any it
-    /// made itself), in rounds until one finds none left (at most 3: a process forked between
-    /// a round's reading and its signals is found by the next). Returns how many processes
-    /// were signalled.
+    /// Kills the container: it is released (thawed, never frozen again) and killed
+    /// ([`kill_container`]). Returns how many processes were signalled.
     pub fn kill(&self, id: &str, cgroups_path: &str) -> Result<usize, String> {
         self.release(id, cgroups_path);
-        let cg = self.fs.container(cgroups_path).map_err(|e| e.to_string())?;
-        let mut signalled = std::collections::HashSet::new();
-        for _ in 0..3 {
-            let before = signalled.len();
-            for c in cg.descendants().iter().chain([&cg]) {
-                let err = |e: &dyn std::fmt::Display| format!("{}: {e}", c.freezer_dir().display());
-                let pids = match c.pids() {
-                    Ok(p) => p,
-                    Err(crate::throttle::cgroup::CgroupError::NotFound { .. }) => continue,
-                    Err(e) => return Err(err(&e)),
-                };
-                for pid in pids {
-                    if !signalled.contains(&pid) && c.kill_member(pid).map_err(|e| err(&e))? {
-                        signalled.insert(pid);
-                    }
-                }
-            }
-            if signalled.len() == before {
-                break;
-            }
-        }
-        Ok(signalled.len())
+        kill_container(&self.fs, cgroups_path)
     }
 
     /// Whether the container cgroup at `cgroups_path` exists (`None`: the path is invalid).
@@ -260,6 +236,36 @@ impl ControllerLink {
     fn is_released(&self, id: &str) -> bool {
         self.released.lock().expect("release lock").contains(id)
     }
+}
+
+/// Sends SIGKILL to every process of the container cgroup at `cgroups_path` and of every
+/// cgroup below it (its throttled child, any it made itself), in rounds until one finds none
+/// left unsignalled (at most 3: a process forked between a round's reading and its signals is
+/// found by the next). Each through a pidfd, its membership checked. Returns how many
+/// processes were signalled.
+pub fn kill_container(fs: &CgroupFs, cgroups_path: &str) -> Result<usize, String> {
+    let cg = fs.container(cgroups_path).map_err(|e| e.to_string())?;
+    let mut signalled = std::collections::HashSet::new();
+    for _ in 0..3 {
+        let before = signalled.len();
+        for c in cg.descendants().iter().chain([&cg]) {
+            let err = |e: &dyn std::fmt::Display| format!("{}: {e}", c.freezer_dir().display());
+            let pids = match c.pids() {
+                Ok(p) => p,
+                Err(crate::throttle::cgroup::CgroupError::NotFound { .. }) => continue,
+                Err(e) => return Err(err(&e)),
+            };
+            for pid in pids {
+                if !signalled.contains(&pid) && c.kill_member(pid).map_err(|e| err(&e))? {
+                    signalled.insert(pid);
+                }
+            }
+        }
+        if signalled.len() == before {
+            break;
+        }
+    }
+    Ok(signalled.len())
 }
 
 /// The throttled child ([`THROTTLED_CHILD`], what the controller freezes) of the container
