@@ -264,6 +264,18 @@ pub enum ConfigError {
     PassthroughNamespace(String),
 }
 
+/// Every name in a `passthrough_namespaces` list (the agent's, `runtime.toml`'s) is a
+/// namespace name, a DNS-1123 label.
+pub fn check_passthrough_namespaces(list: &[String]) -> Result<(), ConfigError> {
+    match list
+        .iter()
+        .find(|ns| !crate::scheduler::server::is_dns_label(ns))
+    {
+        Some(ns) => Err(ConfigError::PassthroughNamespace(ns.clone())),
+        None => Ok(()),
+    }
+}
+
 impl NodeConfig {
     pub fn from_toml(text: &str, origin: &str) -> Result<NodeConfig, ConfigError> {
         let cfg: NodeConfig = toml::from_str(text).map_err(|e| ConfigError::Parse {
@@ -305,13 +317,7 @@ impl NodeConfig {
                 self.status_socket.clone(),
             ));
         }
-        if let Some(ns) = self
-            .passthrough_namespaces
-            .iter()
-            .find(|ns| !crate::scheduler::server::is_dns_label(ns))
-        {
-            return Err(ConfigError::PassthroughNamespace(ns.clone()));
-        }
+        check_passthrough_namespaces(&self.passthrough_namespaces)?;
         if !self.nri && !self.runtime_api.enabled {
             return Err(ConfigError::NoRuntimeLink);
         }

@@ -821,6 +821,12 @@ impl Node {
             .insert(id.to_string(), missing.to_string());
     }
 
+    /// The kill [`Node::kill_at_start`] deferred for container `id`, taken off the list (at
+    /// its start, stop or removal).
+    fn take_kill_at_start(&self, id: &str) -> Option<String> {
+        self.kill_at_start.lock().expect("kill lock").remove(id)
+    }
+
     /// Kills container `id` (of `pod`, named `name`), found without the adjustment this agent
     /// gives every container it sees created (`missing` says what it lacks). `Err`: why it
     /// could not be, as the caller puts it on the unaccounted list (new GPU containers are
@@ -1039,12 +1045,14 @@ fn shares_mount_namespace(pid: u32) -> bool {
     pid > 0 && ns(&pid.to_string()).is_some_and(|theirs| ns("self") == Some(theirs))
 }
 
+/// The cgroup paths of `/proc/PID/cgroup` text `cgroups` (`ID:CONTROLLERS:PATH` lines).
+fn cgroup_paths(cgroups: &str) -> impl Iterator<Item = &str> {
+    cgroups.lines().filter_map(|l| l.splitn(3, ':').nth(2))
+}
+
 /// Whether `/proc/PID/cgroup` text `cgroups` shows only cgroup roots (a cgroup namespace).
 fn cgroup_namespaced(cgroups: &str) -> bool {
-    cgroups
-        .lines()
-        .filter_map(|l| l.splitn(3, ':').nth(2))
-        .all(|path| path == "/")
+    cgroup_paths(cgroups).all(|path| path == "/")
 }
 
 /// Whether `/proc/PID/cgroup` text `cgroups` places the process in container `id`'s cgroup:
@@ -1052,9 +1060,7 @@ fn cgroup_namespaced(cgroups: &str) -> bool {
 /// `.` or `:` (systemd driver: `…/cri-containerd-<id>.scope`, `crio-<id>.scope`).
 fn in_cgroup_of(id: &str, cgroups: &str) -> bool {
     !id.is_empty()
-        && cgroups
-            .lines()
-            .filter_map(|l| l.splitn(3, ':').nth(2))
+        && cgroup_paths(cgroups)
             .flat_map(|path| path.split('/'))
             .any(|c| c.split(['-', '.', ':']).any(|t| t == id))
 }
@@ -1209,12 +1215,7 @@ impl Handler for Node {
 
     fn start_container(&self, pod: &PodSandbox, ctr: &Container) {
         self.unconfirmed.settled(&ctr.id);
-        let deferred = self
-            .kill_at_start
-            .lock()
-            .expect("kill lock")
-            .remove(&ctr.id);
-        if let Some(missing) = deferred {
+        if let Some(missing) = self.take_kill_at_start(&ctr.id) {
             let cgroups_path = ctr.linux.as_ref().map_or("", |l| l.cgroups_path.as_str());
             let who = format!("{}/{}", pod.namespace, pod.name);
             match self.kill_unseen(&ctr.id, cgroups_path, &who, &ctr.name, &missing) {
@@ -1245,10 +1246,7 @@ impl Handler for Node {
 
     fn stop_container(&self, _pod: &PodSandbox, ctr: &Container) {
         self.unconfirmed.settled(&ctr.id);
-        self.kill_at_start
-            .lock()
-            .expect("kill lock")
-            .remove(&ctr.id);
+        self.take_kill_at_start(&ctr.id);
         self.registry.set_state(&ctr.id, ContainerState::Stopped);
         self.release(&ctr.id);
         self.unaccounted
@@ -1259,10 +1257,7 @@ impl Handler for Node {
 
     fn remove_container(&self, _pod: &PodSandbox, ctr: &Container) {
         self.unconfirmed.settled(&ctr.id);
-        self.kill_at_start
-            .lock()
-            .expect("kill lock")
-            .remove(&ctr.id);
+        self.take_kill_at_start(&ctr.id);
         self.release(&ctr.id);
         self.unaccounted
             .lock()

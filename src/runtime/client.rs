@@ -67,16 +67,8 @@ impl ClientConfig {
 
     /// Every value is well formed (the agent's config rules).
     pub fn validate(&self) -> Result<(), String> {
-        match self
-            .passthrough_namespaces
-            .iter()
-            .find(|ns| !crate::scheduler::server::is_dns_label(ns))
-        {
-            Some(ns) => {
-                Err(crate::config::ConfigError::PassthroughNamespace(ns.clone()).to_string())
-            }
-            None => Ok(()),
-        }
+        crate::config::check_passthrough_namespaces(&self.passthrough_namespaces)
+            .map_err(|e| e.to_string())
     }
 
     /// One call to the agent.

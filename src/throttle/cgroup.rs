@@ -581,31 +581,25 @@ impl ContainerCgroup {
     /// and 4,096 in all; none when it is gone.
     pub fn descendants(&self) -> Vec<ContainerCgroup> {
         let mut out = Vec::new();
-        let mut stack = vec![(self.rel.clone(), 0usize)];
-        while let Some((rel, depth)) = stack.pop() {
+        // Paths below this cgroup, and how deep.
+        let mut stack = vec![(PathBuf::new(), 0usize)];
+        while let Some((sub, depth)) = stack.pop() {
             if depth >= 16 || out.len() >= 4096 {
                 continue;
             }
-            let dir = self
-                .freezer_dir
-                .join(rel.strip_prefix(&self.rel).unwrap_or(&rel));
-            let Ok(entries) = fs::read_dir(&dir) else {
+            let Ok(entries) = fs::read_dir(self.freezer_dir.join(&sub)) else {
                 continue;
             };
             for e in entries.flatten() {
                 if !e.file_type().is_ok_and(|t| t.is_dir()) {
                     continue;
                 }
-                let child = rel.join(e.file_name());
-                let sub = child
-                    .strip_prefix(&self.rel)
-                    .unwrap_or(&child)
-                    .to_path_buf();
+                let child = sub.join(e.file_name());
                 out.push(ContainerCgroup {
                     version: self.version,
-                    rel: child.clone(),
-                    freezer_dir: self.freezer_dir.join(&sub),
-                    cpu_dir: self.cpu_dir.join(&sub),
+                    rel: self.rel.join(&child),
+                    freezer_dir: self.freezer_dir.join(&child),
+                    cpu_dir: self.cpu_dir.join(&child),
                 });
                 stack.push((child, depth + 1));
             }
